@@ -1,0 +1,1 @@
+"""The gateway: pipeline, routing, enforcement, operator commands and the CLI."""

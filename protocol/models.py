@@ -1,0 +1,209 @@
+"""Pydantic models of the five bot-protocol message types (wire-format.md, section 2).
+
+A message is immutable. Field names are the spec's canonical names; the sender is
+``sender`` in Python and ``from`` in JSON (``model_dump(by_alias=True)``).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_DEPTH_LIMIT = 50
+DEFAULT_MAX_DEPTH = 5
+DEFAULT_VERSION = "0.1"
+NAME_MAX_LEN = 128
+REQUEST_ID_MAX_LEN = 128
+
+# A name or id: no white space; request ids must also be printable.
+_NO_SPACE = re.compile(r"\S+")
+
+
+class MessageType(StrEnum):
+    """The five protocol message types, as written on the wire."""
+
+    REQUEST = "REQUEST"
+    RESPONSE = "RESPONSE"
+    CLARIFY = "CLARIFY"
+    HANDOFF = "HANDOFF"
+    BROADCAST = "BROADCAST"
+
+
+class Priority(StrEnum):
+    """Priority of a REQUEST or HANDOFF (also the BROADCAST urgency scale)."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+
+class Status(StrEnum):
+    """Outcome carried by a RESPONSE."""
+
+    DONE = "done"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# Input spellings accepted for Status (the deployed v0.1 vocabulary and US spelling).
+STATUS_ALIASES: dict[str, Status] = {
+    "success": Status.DONE,
+    "partial_success": Status.PARTIAL,
+    "canceled": Status.CANCELLED,
+}
+
+
+class Depth(BaseModel):
+    """Hop counter ``current/max`` of one conversation (1 <= current <= max <= 50)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    current: int = 1
+    max: int = DEFAULT_MAX_DEPTH
+
+    @model_validator(mode="after")
+    def _check_range(self) -> Self:
+        if not 1 <= self.current <= self.max <= MAX_DEPTH_LIMIT:
+            raise ValueError(
+                f"depth must satisfy 1 <= current <= max <= {MAX_DEPTH_LIMIT}, "
+                f"got {self.current}/{self.max}"
+            )
+        return self
+
+    @property
+    def at_limit(self) -> bool:
+        """True when only a RESPONSE may follow."""
+        return self.current >= self.max
+
+    def next(self) -> Depth:
+        """The depth a reply carries; raises ValueError past the limit."""
+        return Depth(current=self.current + 1, max=self.max)
+
+    def __str__(self) -> str:
+        return f"{self.current}/{self.max}"
+
+
+def check_name(value: str) -> str:
+    """Validate an agent name (sender or recipient, without the ``@``)."""
+    if not value or len(value) > NAME_MAX_LEN or not _NO_SPACE.fullmatch(value):
+        raise ValueError(f"a name is 1-{NAME_MAX_LEN} characters without white space")
+    return value
+
+
+def check_request_id(value: str) -> str:
+    """Validate a RequestId: 1-128 printable characters, no white space."""
+    if (
+        not value
+        or len(value) > REQUEST_ID_MAX_LEN
+        or not _NO_SPACE.fullmatch(value)
+        or not value.isprintable()
+    ):
+        raise ValueError(
+            f"a RequestId is 1-{REQUEST_ID_MAX_LEN} printable characters without white space"
+        )
+    return value
+
+
+class MessageBase(BaseModel):
+    """Fields every message type carries."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+    to: str
+    sender: str = Field(alias="from")
+    request_id: str
+    depth: Depth = Field(default_factory=Depth)
+    context: str | None = None
+    trace_id: str | None = None
+    version: str = DEFAULT_VERSION
+    key_id: str | None = None
+    signature: str | None = None
+    # Unknown fields in their original order and spelling, written back unchanged.
+    meta: tuple[tuple[str, str], ...] = ()
+
+    @field_validator("to", "sender")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return check_name(value)
+
+    @field_validator("request_id")
+    @classmethod
+    def _valid_request_id(cls, value: str) -> str:
+        return check_request_id(value)
+
+    @property
+    def is_broadcast(self) -> bool:
+        """True when addressed to every agent (``@all``)."""
+        return self.to.lower() == "all"
+
+
+class Request(MessageBase):
+    """Ask an agent to do a task; opens a conversation."""
+
+    type: Literal[MessageType.REQUEST] = MessageType.REQUEST
+    task: str
+    priority: Priority = Priority.NORMAL
+    callback: str | None = None
+
+
+class Response(MessageBase):
+    """Answer a conversation (or, from the requester, answer a CLARIFY)."""
+
+    type: Literal[MessageType.RESPONSE] = MessageType.RESPONSE
+    status: Status | None = None
+    result: str | None = None
+    next_action: str | None = None
+
+    @model_validator(mode="after")
+    def _status_or_result(self) -> Self:
+        if self.status is None and self.result is None:
+            raise ValueError("a RESPONSE needs a Status or a Result")
+        return self
+
+
+class Clarify(MessageBase):
+    """Ask the requester a question before going on."""
+
+    type: Literal[MessageType.CLARIFY] = MessageType.CLARIFY
+    question: str
+
+
+class Handoff(MessageBase):
+    """Pass a conversation to another agent."""
+
+    type: Literal[MessageType.HANDOFF] = MessageType.HANDOFF
+    task: str
+    reason: str | None = None
+    callback: str | None = None
+    priority: Priority = Priority.NORMAL
+
+
+class Broadcast(MessageBase):
+    """Announce something to every agent (or a group)."""
+
+    type: Literal[MessageType.BROADCAST] = MessageType.BROADCAST
+    message: str
+    subject: str | None = None
+    urgency: Priority | None = None
+
+
+Message = Annotated[
+    Request | Response | Clarify | Handoff | Broadcast, Field(discriminator="type")
+]
+"""Any protocol message; ``message.type`` tells which."""
+
+MESSAGE_CLASSES: dict[MessageType, type[MessageBase]] = {
+    MessageType.REQUEST: Request,
+    MessageType.RESPONSE: Response,
+    MessageType.CLARIFY: Clarify,
+    MessageType.HANDOFF: Handoff,
+    MessageType.BROADCAST: Broadcast,
+}
+
+# Types that start or continue a hop chain and are refused at current == max.
+DEPTH_BOUNDED_TYPES = frozenset({MessageType.REQUEST, MessageType.CLARIFY, MessageType.HANDOFF})

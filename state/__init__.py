@@ -1,0 +1,1 @@
+"""Conversation state in Redis: records, transitions, deadlines, sweeps and queries."""

@@ -1,0 +1,66 @@
+"""Shared fixtures: real Redis/Valkey and NATS servers, never mocks.
+
+``redis_url`` / ``nats_url`` use ``REDIS_URL`` / ``NATS_URL`` when set; otherwise a
+private server is started on a free loopback port for the whole session.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from servers import PrivateNats, PrivateValkey  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a real Redis-protocol server for this test session."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    server = PrivateValkey().start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    """URL of a real NATS server (JetStream on) for this test session."""
+    url = os.environ.get("NATS_URL")
+    if url:
+        yield url
+        return
+    server = PrivateNats().start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A key namespace of this test's own, so tests never see each other's keys."""
+    return f"bpgwtest-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def redis_client(redis_url: str, namespace: str) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio Redis client; deletes this test's namespace afterwards (never FLUSHALL)."""
+    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=False)
+    try:
+        yield client
+    finally:
+        async for key in client.scan_iter(match=f"{namespace}*", count=1000):
+            await client.delete(key)
+        await client.aclose()
