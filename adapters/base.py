@@ -1,0 +1,313 @@
+"""The transport contract: every chat platform and bridge is an ``Adapter``.
+
+Modelled on Matterbridge's Bridger (connect, send, disconnect) and Errbot's backend:
+an adapter turns native traffic into ``Envelope`` objects handed to a ``GatewaySink``,
+sends ``Outbound`` messages and reports the native ids they became, and declares what
+the platform can do. Operator commands arrive as ``CommandRequest`` and come back as a
+platform-neutral ``CommandResult`` the adapter renders natively.
+
+Nothing here imports a platform library; each adapter module imports its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Author:
+    """Who wrote a native message, as the platform identifies them."""
+
+    id: str
+    display_name: str = ""
+    is_bot: bool = False
+    # True when the gateway itself wrote the message (our own echo).
+    is_self: bool = False
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a message goes on one transport: a channel, optionally a thread in it."""
+
+    transport: str
+    channel: str
+    thread: str | None = None
+
+    def __str__(self) -> str:
+        thread = f"#{self.thread}" if self.thread else ""
+        return f"{self.transport}:{self.channel}{thread}"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One inbound native message, reduced to what the gateway needs."""
+
+    transport: str
+    channel: str
+    author: Author
+    text: str
+    thread: str | None = None
+    native_id: str | None = None
+    at: float = field(default_factory=time.time)
+    # Set by an adapter that can tell the message is a copy the gateway relayed.
+    relayed: bool = False
+
+    @property
+    def address(self) -> Address:
+        """The channel/thread this envelope came from (where replies go)."""
+        return Address(self.transport, self.channel, self.thread)
+
+    @property
+    def identity(self) -> str:
+        """The author's transport-qualified identity, e.g. ``discord:1234``."""
+        return f"{self.transport}:{self.author.id}"
+
+
+class OutboundKind(StrEnum):
+    """What an outbound message is, so adapters can style it."""
+
+    PROTOCOL = "protocol"  # a protocol block (relayed or built by the gateway)
+    NOTICE = "notice"  # a human-readable notice (error, violation, timeout)
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One message to send on one transport."""
+
+    address: Address
+    text: str
+    kind: OutboundKind = OutboundKind.PROTOCOL
+    # The agent the message is for, when there is one (inbox transports route on it).
+    recipient: str | None = None
+    # The native id to reply to / thread under, when the platform supports it.
+    reply_to: str | None = None
+    request_id: str | None = None
+    trace_id: str | None = None
+    # The structured message (protocol.Message) for transports that carry fields
+    # natively (headers, file names); None for notices.
+    message: Any = None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The native ids one outbound message became (a long message may become several)."""
+
+    native_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport can do; the gateway adapts its output to it."""
+
+    max_message_length: int | None = None
+    threads: bool = False
+    reactions: bool = False
+    edits: bool = False
+    sees_other_bots: bool = True
+    native_commands: bool = False
+
+
+class HealthState(StrEnum):
+    """Coarse state of one transport."""
+
+    STARTING = "starting"
+    UP = "up"
+    DEGRADED = "degraded"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class Health:
+    """A transport's state with a short human-readable detail."""
+
+    state: HealthState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CommandRequest:
+    """An operator command (``/protocol <name> <args>``) from any transport."""
+
+    transport: str
+    channel: str
+    author: Author
+    name: str
+    args: tuple[str, ...] = ()
+    thread: str | None = None
+    # Platform roles of the author (role ids/names), for role-based permissions.
+    roles: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> str:
+        """The author's transport-qualified identity."""
+        return f"{self.transport}:{self.author.id}"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A platform-neutral command answer: a title, key/value fields and a table."""
+
+    title: str
+    fields: tuple[tuple[str, str], ...] = ()
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+    ok: bool = True
+    footer: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for HTTP and logs)."""
+        return {
+            "title": self.title,
+            "ok": self.ok,
+            "fields": [{"name": k, "value": v} for k, v in self.fields],
+            "columns": list(self.columns),
+            "rows": [list(r) for r in self.rows],
+            "footer": self.footer,
+        }
+
+    def to_text(self) -> str:
+        """A plain-text rendering any transport can show (adapters may do better)."""
+        lines = [self.title]
+        lines.extend(f"{name}: {value}" for name, value in self.fields)
+        if self.columns:
+            table = [self.columns, *self.rows]
+            widths = [
+                max(len(r[i]) if i < len(r) else 0 for r in table) for i in range(len(self.columns))
+            ]
+            for row in table:
+                lines.append(
+                    "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+                )
+        if self.footer:
+            lines.append(self.footer)
+        return "\n".join(lines)
+
+
+class GatewaySink(Protocol):
+    """What the gateway offers an adapter: ingest envelopes, answer commands, queries."""
+
+    async def on_envelope(self, envelope: Envelope) -> None:
+        """Hand one inbound native message to the gateway pipeline."""
+
+    async def on_command(self, command: CommandRequest) -> CommandResult:
+        """Run an operator command and return its platform-neutral result."""
+
+    async def conversations(
+        self, *, status: str | None, agent: str | None, offset: int, limit: int
+    ) -> list[dict[str, Any]]:
+        """A filtered, paged list of conversations as JSON-ready dicts."""
+
+    async def conversation(self, request_id: str) -> dict[str, Any] | None:
+        """One conversation with its whole history, or None when unknown."""
+
+    def health(self) -> dict[str, Any]:
+        """The gateway's and every transport's health, JSON-ready."""
+
+
+class Adapter(ABC):
+    """One transport instance. Subclasses set ``capabilities`` and implement the four methods."""
+
+    capabilities: Capabilities = Capabilities()
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._health = Health(HealthState.STARTING)
+
+    @abstractmethod
+    async def start(self, sink: GatewaySink) -> None:
+        """Connect and begin handing inbound envelopes to ``sink``; return once running."""
+
+    @abstractmethod
+    async def send(self, message: Outbound) -> Receipt:
+        """Deliver one outbound message; raise ``DeliveryError`` when it can't be."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Disconnect and release resources; safe to call twice."""
+
+    def health(self) -> Health:
+        """The transport's current state."""
+        return self._health
+
+    def set_health(self, state: HealthState, detail: str = "") -> None:
+        """Record a state change (adapters call this from their connection handling)."""
+        self._health = Health(state, detail)
+
+    def render_command_result(self, result: CommandResult) -> str:
+        """Render a command result for this platform; plain text unless overridden."""
+        return result.to_text()
+
+    def split_text(self, text: str) -> list[str]:
+        """Split ``text`` into chunks that fit ``capabilities.max_message_length``."""
+        limit = self.capabilities.max_message_length
+        if limit is None or len(text) <= limit:
+            return [text]
+        chunks: list[str] = []
+        rest = text
+        while len(rest) > limit:
+            cut = rest.rfind("\n", 0, limit)
+            cut = cut + 1 if cut > 0 else limit
+            chunks.append(rest[:cut])
+            rest = rest[cut:]
+        if rest:
+            chunks.append(rest)
+        return chunks
+
+
+class DeliveryError(Exception):
+    """An outbound message could not be delivered (the gateway logs and reports it)."""
+
+
+class ConfigError(ValueError):
+    """A transport's configuration is invalid; names the key and the reason."""
+
+
+AdapterFactory = Callable[[str, Mapping[str, Any]], Adapter]
+
+_REGISTRY: dict[str, AdapterFactory] = {}
+
+
+def register_adapter(kind: str) -> Callable[[AdapterFactory], AdapterFactory]:
+    """Class/function decorator registering a factory for transport ``kind``."""
+
+    def decorate(factory: AdapterFactory) -> AdapterFactory:
+        _REGISTRY[kind] = factory
+        return factory
+
+    return decorate
+
+
+def registered_kinds() -> Sequence[str]:
+    """Names of every registered transport kind."""
+    return sorted(_REGISTRY)
+
+
+def create_adapter(kind: str, name: str, options: Mapping[str, Any]) -> Adapter:
+    """Instantiate the adapter registered for ``kind`` as transport ``name``.
+
+    The module ``adapters.<kind>`` is imported on first use, so a platform library is
+    only imported when a transport of its kind is enabled.
+    """
+    if kind not in _REGISTRY and kind.isidentifier():
+        try:
+            importlib.import_module(f"adapters.{kind}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"adapters.{kind}":
+                raise ConfigError(
+                    f"transports.{name}.kind: {kind!r} needs a package that is not installed "
+                    f"({exc.name}); install bpgw[{kind}]"
+                ) from exc
+    try:
+        factory = _REGISTRY[kind]
+    except KeyError:
+        known = ", ".join(registered_kinds()) or "none"
+        raise ConfigError(
+            f"transports.{name}.kind: unknown transport kind {kind!r} (known: {known})"
+        ) from None
+    return factory(name, options)
