@@ -189,10 +189,34 @@ class CommandResult:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Disposition:
+    """What the gateway did with one envelope (HTTP returns it; chat adapters may ignore it).
+
+    ``outcome`` is one of: ``ignored`` (ordinary chat), ``dropped`` (our own or a relayed
+    copy), ``malformed``, ``rejected`` (identity, signature, depth, illegal transition,
+    loop budget), ``duplicate``, ``accepted``, ``command``.
+    """
+
+    outcome: str
+    detail: str = ""
+    request_ids: tuple[str, ...] = ()
+    errors: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "request_ids": list(self.request_ids),
+            "errors": list(self.errors),
+        }
+
+
 class GatewaySink(Protocol):
     """What the gateway offers an adapter: ingest envelopes, answer commands, queries."""
 
-    async def on_envelope(self, envelope: Envelope) -> None:
+    async def on_envelope(self, envelope: Envelope) -> Disposition:
         """Hand one inbound native message to the gateway pipeline."""
 
     async def on_command(self, command: CommandRequest) -> CommandResult:
