@@ -1,0 +1,128 @@
+"""Plain, immutable records the store returns: conversations, events and outcomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ConvStatus(StrEnum):
+    """Status of one conversation."""
+
+    OPEN = "open"
+    CLARIFYING = "clarifying"
+    HANDED_OFF = "handed_off"
+    DONE = "done"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+
+TERMINAL: frozenset[ConvStatus] = frozenset(
+    {ConvStatus.DONE, ConvStatus.PARTIAL, ConvStatus.FAILED, ConvStatus.CANCELLED,
+     ConvStatus.TIMEOUT}
+)
+"""Statuses a conversation never leaves."""
+
+ACTIVE: frozenset[ConvStatus] = frozenset(
+    {ConvStatus.OPEN, ConvStatus.CLARIFYING, ConvStatus.HANDED_OFF}
+)
+"""Statuses in which somebody owes a reply and a deadline runs."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a message came from, so notices go back into the same thread."""
+
+    transport: str
+    channel: str
+    thread: str | None = None
+    native_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a conversation's append-only history.
+
+    ``type`` is a protocol message type, or ``CANCEL`` / ``TIMEOUT`` for the
+    operator's and the sweeper's own events. ``status`` is the conversation's
+    status after the event.
+    """
+
+    type: str
+    sender: str
+    to: str
+    depth_current: int
+    depth_max: int
+    status: str
+    transport: str
+    native_id: str | None
+    at: float
+    excerpt: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One conversation, keyed by its RequestId."""
+
+    request_id: str
+    trace_id: str | None
+    kind: str
+    requester: str
+    assignee: str
+    status: ConvStatus
+    depth_current: int
+    depth_max: int
+    priority: str
+    task: str
+    created_at: float
+    updated_at: float
+    deadline: float | None
+    origin: Origin
+    history: tuple[Event, ...] = ()
+
+    @property
+    def owes_reply(self) -> str:
+        """Who the conversation waits on: the requester while clarifying, else the assignee."""
+        return self.requester if self.status is ConvStatus.CLARIFYING else self.assignee
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the conversation can take no more messages."""
+        return self.status in TERMINAL
+
+    def age(self, now: float) -> float:
+        """Seconds since the conversation was opened."""
+        return max(0.0, now - self.created_at)
+
+
+class Outcome(StrEnum):
+    """What applying one message did."""
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+    ILLEGAL = "illegal"
+    ORPHAN = "orphan"
+    DEPTH = "depth"
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """Result of one apply or cancel.
+
+    ``reason`` is a sentence a person can act on ("" when applied);
+    ``conversation`` is the record after the step (before it when refused, None
+    when there is none); ``previous_status`` is the status before the step.
+    """
+
+    outcome: Outcome
+    reason: str
+    conversation: Conversation | None
+    previous_status: ConvStatus | None = None
+
+    @property
+    def applied(self) -> bool:
+        """True when the message changed the conversation."""
+        return self.outcome is Outcome.APPLIED

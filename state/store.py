@@ -1,0 +1,350 @@
+"""The conversation store: state machine, history, deadlines and queries in Redis.
+
+Every transition runs as one Lua script (one EVALSHA round trip), so a step is
+atomic across gateway replicas: Redis runs a script to the end before serving any
+other command, which gives us compare-and-set on the record plus all its indices
+without WATCH/MULTI retries. Key layout and trade-offs: docs/state.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from protocol.models import (
+    Broadcast,
+    Clarify,
+    Handoff,
+    Message,
+    MessageBase,
+    Request,
+    Response,
+)
+from state.records import (
+    ACTIVE,
+    TERMINAL,
+    ApplyResult,
+    Conversation,
+    ConvStatus,
+    Event,
+    Origin,
+    Outcome,
+)
+from state.settings import StateSettings
+
+# protocol/__init__ (with fingerprint) is being written alongside; see _fingerprint.
+_protocol_fingerprint: Callable[[Any], str] | None = getattr(
+    importlib.import_module("protocol"), "fingerprint", None
+)
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_CHARS = 16
+"""Hex characters of the message fingerprint kept per event (64 bits)."""
+EXCERPT_CHARS = 60
+"""Characters of message text kept in each history event."""
+TASK_CHARS = 120
+"""Characters of the task kept as the conversation's summary."""
+_LUA_DIR = Path(__file__).parent / "lua"
+# Fixed display order of the active statuses (oldest-first listings merge these).
+_ACTIVE_ORDER = (ConvStatus.OPEN, ConvStatus.CLARIFYING, ConvStatus.HANDED_OFF)
+_TERMINAL_ORDER = tuple(s for s in ConvStatus if s in TERMINAL)
+_Convs = list[Conversation]
+_Orphans = list[tuple[str, list[Event]]]
+
+
+def _fingerprint(msg: Message) -> str:
+    """The protocol's transport-independent fingerprint, cut to FINGERPRINT_CHARS."""
+    if _protocol_fingerprint is not None:
+        return str(_protocol_fingerprint(msg))[:FINGERPRINT_CHARS]
+    # Interim until protocol.fingerprint lands: the same ingredients it uses.
+    import hashlib
+
+    content = json.dumps(
+        msg.model_dump(mode="json", exclude={"meta", "signature", "key_id"}), sort_keys=True
+    )
+    raw = "\x1f".join(
+        [str(msg.type), msg.request_id, msg.sender, str(msg.depth),
+         hashlib.sha256(content.encode()).hexdigest()]
+    )
+    return hashlib.sha256(raw.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def _clip(text: str | None, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _opt(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+def _message_text(msg: MessageBase) -> tuple[str, str, str]:
+    """(task summary, history excerpt, priority) of one message."""
+    if isinstance(msg, Request | Handoff):
+        text = msg.task if isinstance(msg, Request) else f"{msg.task} ({msg.reason})" if (
+            msg.reason) else msg.task
+        return _clip(msg.task, TASK_CHARS), _clip(text, EXCERPT_CHARS), str(msg.priority)
+    if isinstance(msg, Broadcast):
+        urgency = str(msg.urgency) if msg.urgency else "normal"
+        return _clip(msg.message, TASK_CHARS), _clip(msg.message, EXCERPT_CHARS), urgency
+    if isinstance(msg, Clarify):
+        return "", _clip(msg.question, EXCERPT_CHARS), ""
+    if isinstance(msg, Response):
+        status = str(msg.status) if msg.status else ""
+        return "", _clip(msg.result or status, EXCERPT_CHARS), ""
+    return "", "", ""
+
+
+def decode_conversation(request_id: str, blob: str | bytes, *, with_history: bool = True
+                        ) -> Conversation:
+    """Build a Conversation from its stored form (header line, then one line per event)."""
+    text = _text(blob)
+    head, _, body = text.partition("\n")
+    h = json.loads(head)
+    history = tuple(decode_event(line) for line in body.splitlines()) if with_history else ()
+    return Conversation(
+        request_id=request_id,
+        trace_id=_opt(h[0]),
+        kind=h[1],
+        requester=h[2],
+        assignee=h[3],
+        status=ConvStatus(h[4]),
+        depth_current=int(h[5]),
+        depth_max=int(h[6]),
+        priority=h[7],
+        task=h[8],
+        created_at=float(h[9]),
+        updated_at=float(h[10]),
+        deadline=float(h[11]) or None,
+        origin=Origin(transport=h[12], channel=h[13], thread=_opt(h[14]),
+                      native_id=_opt(h[15])),
+        history=history,
+    )
+
+
+def decode_event(line: str) -> Event:
+    """Build an Event from one stored history line."""
+    e = json.loads(line)
+    return Event(type=e[0], sender=e[1], to=e[2], depth_current=int(e[3]),
+                 depth_max=int(e[4]), status=e[5], transport=e[6], native_id=_opt(e[7]),
+                 at=float(e[8]), excerpt=e[9])
+
+
+class Keys:
+    """Key names of one namespace; all share the hash tag ``{namespace}``."""
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = "{" + namespace + "}:"
+        self.due = self.prefix + "due"
+        self.counts = self.prefix + "n"
+        self.load = self.prefix + "load"
+        self.orphans = self.prefix + "orph"
+
+    def conv(self, request_id: str) -> str:
+        """The record of one conversation."""
+        return f"{self.prefix}c:{request_id}"
+
+    def orphan(self, request_id: str) -> str:
+        """The orphan RESPONSEs kept for an unknown RequestId."""
+        return f"{self.prefix}o:{request_id}"
+
+    def status(self, status: str) -> str:
+        """The index of conversations in one status."""
+        return f"{self.prefix}s:{status}"
+
+    def agent(self, agent: str) -> str:
+        """The index of active conversations one agent owes a reply on."""
+        return f"{self.prefix}a:{agent}"
+
+
+def load_script(name: str) -> str:
+    """Source of one store script: the shared helpers followed by its body."""
+    return (_LUA_DIR / "common.lua").read_text() + "\n" + (_LUA_DIR / f"{name}.lua").read_text()
+
+
+class ConversationStore:
+    """Conversation state of one namespace in one Redis (or Valkey) database."""
+
+    def __init__(self, redis: aioredis.Redis, settings: StateSettings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self._apply = redis.register_script(load_script("apply"))
+        self._claim = redis.register_script(load_script("claim"))
+        self._purge = redis.register_script(load_script("purge"))
+
+    # -- transitions ---------------------------------------------------------------
+
+    async def apply(self, msg: Message, origin: Origin, *, now: float | None = None
+                    ) -> ApplyResult:
+        """Apply one protocol message to its conversation in one round trip."""
+        task, excerpt, priority = _message_text(msg)
+        status = getattr(msg, "status", None)
+        return await self._run_apply(
+            str(msg.type), msg.request_id, msg.sender, msg.to, msg.depth.current,
+            msg.depth.max, str(status) if status else "", priority, task, excerpt,
+            _fingerprint(msg), origin, msg.trace_id, now,
+        )
+
+    async def cancel(self, request_id: str, *, by: str, reason: str,
+                     now: float | None = None) -> ApplyResult:
+        """Cancel a conversation as an operator (from any non-terminal state)."""
+        return await self._run_apply(
+            "CANCEL", request_id, by, "", 0, 0, "", "", "", _clip(reason, EXCERPT_CHARS), "",
+            Origin(transport="operator", channel=""), None, now,
+        )
+
+    async def _run_apply(self, typ: str, request_id: str, sender: str, to: str, depth: int,
+                         max_depth: int, status: str, priority: str, task: str, excerpt: str,
+                         fp: str, origin: Origin, trace_id: str | None,
+                         now: float | None) -> ApplyResult:
+        at = round(time.time() if now is None else now, 3)
+        t = self.settings.timeout_for
+        args: list[str | int | float] = [
+            self.keys.prefix, typ, request_id, sender, to, depth, max_depth, status, priority,
+            task, excerpt, fp, repr(at), t("REQUEST"), t("HANDOFF"), t("CLARIFY"),
+            t("BROADCAST"), origin.transport, origin.channel, origin.thread or "",
+            origin.native_id or "", trace_id or "", self.settings.retention_seconds,
+        ]
+        raw = await self._apply(
+            keys=[self.keys.conv(request_id), self.keys.orphan(request_id)], args=args
+        )
+        outcome = Outcome(_text(raw[0]))
+        conv = decode_conversation(request_id, raw[3]) if raw[3] else None
+        previous = ConvStatus(_text(raw[2])) if raw[2] else None
+        result = ApplyResult(outcome, _text(raw[1]), conv, previous)
+        extra = {"request_id": request_id, "trace_id": trace_id, "outcome": str(outcome),
+                 "message_type": typ}
+        if outcome is Outcome.APPLIED:
+            log.debug("conversation %s: %s applied", request_id, typ, extra=extra)
+        else:
+            log.info("conversation %s: %s %s: %s", request_id, typ, outcome, result.reason,
+                     extra=extra)
+        return result
+
+    async def claim_due(self, *, now: float | None = None, limit: int = 1000
+                        ) -> list[Conversation]:
+        """Mark every conversation past its deadline timed out and return them.
+
+        Atomic: with several replicas on one Redis, each due conversation is
+        claimed by exactly one caller. Costs O(due · log n).
+        """
+        at = round(time.time() if now is None else now, 3)
+        raw = await self._claim(args=[self.keys.prefix, repr(at), limit, "no reply from "])
+        pairs = [(_text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)]
+        claimed = [decode_conversation(rid, blob) for rid, blob in pairs]
+        for conv in claimed:
+            log.info("conversation %s timed out waiting on %s", conv.request_id,
+                     conv.history[-1].to if conv.history else conv.assignee,
+                     extra={"request_id": conv.request_id, "trace_id": conv.trace_id})
+        return claimed
+
+    async def purge_expired(self, *, now: float | None = None, limit: int = 1000) -> int:
+        """Remove up to ``limit`` terminal conversations older than the retention."""
+        cutoff = (time.time() if now is None else now) - self.settings.retention_seconds
+        removed = await self._purge(
+            args=[self.keys.prefix, repr(cutoff), limit, *_TERMINAL_ORDER]
+        )
+        return int(removed)
+
+    # -- queries -------------------------------------------------------------------
+
+    async def get(self, request_id: str, *, with_history: bool = True) -> Conversation | None:
+        """One conversation, with its whole history unless told otherwise."""
+        blob = await self.redis.get(self.keys.conv(request_id))
+        if blob is None:
+            return None
+        return decode_conversation(request_id, blob, with_history=with_history)
+
+    async def counts(self) -> dict[str, int]:
+        """Conversations by status, plus live ``broadcast`` records and kept ``orphan`` ids."""
+        raw = await self.redis.hgetall(self.keys.counts)
+        counts = {str(s): 0 for s in ConvStatus} | {"broadcast": 0, "orphan": 0}
+        counts.update({_text(k): int(v) for k, v in raw.items()})
+        return counts
+
+    async def oldest_open(self, limit: int = 10) -> list[Conversation]:
+        """The ``limit`` oldest active conversations (open, clarifying, handed off)."""
+        return await self._active_page(0, limit)
+
+    async def load_by_agent(self, limit: int = 50) -> dict[str, int]:
+        """Active conversations each agent owes a reply on, busiest first."""
+        raw: Sequence[Any] = await self.redis.zrevrange(
+            self.keys.load, 0, limit - 1, withscores=True
+        )
+        return {_text(agent): int(score) for agent, score in raw}
+
+    async def list(self, *, status: str | None = None, agent: str | None = None,
+                   offset: int = 0, limit: int = 50) -> _Convs:
+        """A page of conversations (without history).
+
+        ``status`` alone: that status (active ones oldest first, terminal ones newest
+        first). ``agent``: the active conversations that agent owes a reply on,
+        optionally only those in ``status``. Neither: all active, oldest first.
+        """
+        if agent is not None:
+            return await self._agent_page(agent, status, offset, limit)
+        if status is None:
+            return await self._active_page(offset, limit)
+        st = ConvStatus(status)
+        key = self.keys.status(st)
+        end = offset + limit - 1
+        ids = await (self.redis.zrange(key, offset, end) if st in ACTIVE
+                     else self.redis.zrevrange(key, offset, end))
+        return await self._fetch(_text(i) for i in ids)
+
+    async def orphans(self, limit: int = 50) -> _Orphans:
+        """The most recent orphan RESPONSEs (for unknown RequestIds), newest first."""
+        ids = [_text(i) for i in await self.redis.zrevrange(self.keys.orphans, 0, limit - 1)]
+        if not ids:
+            return []
+        blobs = await self.redis.mget([self.keys.orphan(i) for i in ids])
+        return [(rid, [decode_event(line) for line in _text(blob).splitlines()])
+                for rid, blob in zip(ids, blobs, strict=True) if blob]
+
+    async def _active_page(self, offset: int, limit: int) -> _Convs:
+        # Each active status index is ordered by creation time; merge their heads.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for st in _ACTIVE_ORDER:
+                pipe.zrange(self.keys.status(st), 0, offset + limit - 1, withscores=True)
+            heads: Sequence[Sequence[tuple[Any, float]]] = await pipe.execute()
+        merged = sorted((score, _text(rid)) for head in heads for rid, score in head)
+        return await self._fetch(rid for _, rid in merged[offset:offset + limit])
+
+    async def _agent_page(self, agent: str, status: str | None, offset: int, limit: int
+                          ) -> _Convs:
+        key = self.keys.agent(agent)
+        if status is None:
+            return await self._fetch(_text(i) for i in await self.redis.zrange(
+                key, offset, offset + limit - 1))
+        # Filtering by status walks this agent's index only: O(its load), never O(n).
+        wanted = ConvStatus(status)
+        found: _Convs = []
+        start, chunk = 0, 500
+        while len(found) < offset + limit:
+            ids = [_text(i) for i in await self.redis.zrange(key, start, start + chunk - 1)]
+            if not ids:
+                break
+            found += [c for c in await self._fetch(ids) if c.status is wanted]
+            start += chunk
+        return found[offset:offset + limit]
+
+    async def _fetch(self, ids: Iterable[str]) -> _Convs:
+        wanted = list(ids)
+        if not wanted:
+            return []
+        blobs = await self.redis.mget([self.keys.conv(i) for i in wanted])
+        return [decode_conversation(rid, blob, with_history=False)
+                for rid, blob in zip(wanted, blobs, strict=True) if blob]
