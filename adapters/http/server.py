@@ -1,0 +1,281 @@
+"""The local HTTP transport: agents post messages and long-poll their inboxes.
+
+See docs/http-api.md for the endpoints. An HTTP agent's channel is its own inbox, so
+the gateway's replies and notices addressed to ``http:<agent>`` land in that inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from adapters.base import (
+    Adapter,
+    Capabilities,
+    CommandRequest,
+    DeliveryError,
+    Envelope,
+    GatewaySink,
+    HealthState,
+    Outbound,
+    Receipt,
+)
+from adapters.http.auth import Caller, TokenAuth
+from adapters.http.inbox import Inbox, Inboxes, InboxFull, InboxMessage
+from adapters.http.settings import HttpSettings, load_options
+from adapters.http.wire import (
+    ApiError,
+    CommandBody,
+    MessageBody,
+    json_errors,
+    parse_as,
+    query_number,
+    query_text,
+    read_body,
+)
+
+log = logging.getLogger("bpgw.adapters.http")
+
+# Dispositions answered with 422: the gateway looked at the message and refused it.
+REFUSED_OUTCOMES = frozenset({"malformed", "rejected"})
+INBOX_MAX_BATCH = 1000
+DEFAULT_INBOX_BATCH = 100
+PAGE_MAX = 1000
+DEFAULT_PAGE = 50
+# How long stop() lets in-flight requests finish before cancelling them.
+SHUTDOWN_SECONDS = 5.0
+
+
+def new_native_id() -> str:
+    """A fresh unique native id for a message on this transport."""
+    return uuid.uuid4().hex
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+class HttpAdapter(Adapter):
+    """Transport kind ``http``: a local aiohttp server with per-agent bearer tokens."""
+
+    capabilities = Capabilities(
+        max_message_length=None, threads=True, native_commands=False, sees_other_bots=True
+    )
+
+    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name)
+        self.settings = load_options(HttpSettings, name, options)
+        self._auth = TokenAuth(self.settings.tokens, self.settings.operator_tokens)
+        self._inboxes = Inboxes(self.settings.inbox_max)
+        for agent in self.settings.tokens:
+            self._inboxes.ensure(agent)
+        self._sink: GatewaySink | None = None
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The base URL the server listens on (with the real port when ``port`` was 0)."""
+        if self._url is None:
+            raise RuntimeError(f"http transport {self.name} is not running")
+        return self._url
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application with every route and the JSON error middleware."""
+        app = web.Application(
+            client_max_size=self.settings.max_body_bytes, middlewares=[json_errors]
+        )
+        app.router.add_post("/v1/messages", self._post_message)
+        app.router.add_get("/v1/agents/{name}/inbox", self._get_inbox)
+        app.router.add_post("/v1/commands", self._post_command)
+        app.router.add_get("/v1/conversations", self._list_conversations)
+        app.router.add_get("/v1/conversations/{request_id}", self._get_conversation)
+        app.router.add_get("/healthz", self._healthz)
+        return app
+
+    async def start(self, sink: GatewaySink) -> None:
+        """Bind the server and begin serving; raises ``OSError`` when it cannot bind."""
+        if self._runner is not None:
+            raise RuntimeError(f"http transport {self.name} is already running")
+        self._sink = sink
+        self._stopping = False
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            self.set_health(HealthState.DOWN, f"cannot listen: {exc}")
+            raise
+        self._runner = runner
+        host, port = runner.addresses[0][:2]
+        host = f"[{host}]" if ":" in host else host
+        self._url = f"http://{host}:{port}"
+        self.set_health(HealthState.UP, f"listening on {self._url}")
+        log.info("http transport %s listening on %s", self.name, self._url)
+
+    async def stop(self) -> None:
+        """Stop serving; waiting long-polls return empty at once. Safe to call twice."""
+        runner, self._runner = self._runner, None
+        self._stopping = True
+        self._inboxes.wake_all()
+        if runner is not None:
+            await runner.cleanup()
+            log.info("http transport %s stopped", self.name)
+        self._url = None
+        self.set_health(HealthState.DOWN, "stopped")
+
+    # -- outbound --------------------------------------------------------------------
+
+    async def send(self, message: Outbound) -> Receipt:
+        """Put ``message`` into the inbox of ``recipient`` (or the address's channel).
+
+        Raises ``DeliveryError`` when that inbox is full; nothing is dropped silently.
+        """
+        owner = message.recipient or message.address.channel
+        item = InboxMessage(
+            id=new_native_id(),
+            text=message.text,
+            kind=str(message.kind),
+            request_id=message.request_id,
+            trace_id=message.trace_id,
+            reply_to=message.reply_to,
+            thread=message.address.thread,
+        )
+        extra = {"request_id": message.request_id, "trace_id": message.trace_id}
+        try:
+            self._inboxes.ensure(owner).put(item)
+        except InboxFull as exc:
+            log.warning("http transport %s: %s", self.name, exc, extra=extra)
+            raise DeliveryError(str(exc)) from None
+        log.debug("queued %s %s for %s", item.kind, item.id, owner, extra=extra)
+        return Receipt((item.id,))
+
+    # -- request helpers -------------------------------------------------------------
+
+    @property
+    def sink(self) -> GatewaySink:
+        """The gateway this transport feeds (set by ``start``)."""
+        if self._sink is None:
+            raise RuntimeError(f"http transport {self.name} has not been started")
+        return self._sink
+
+    def _caller(self, request: web.Request) -> Caller:
+        caller = self._auth.identify(request.headers.get("Authorization"))
+        if caller is None:
+            raise ApiError(
+                401,
+                "missing or unknown bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="bpgw"'},
+            )
+        return caller
+
+    # -- handlers --------------------------------------------------------------------
+
+    async def _post_message(self, request: web.Request) -> web.Response:
+        caller = self._caller(request)
+        if caller.is_operator:
+            raise ApiError(403, "operator tokens send commands (POST /v1/commands), not messages")
+        body = parse_as(MessageBody, await read_body(request, self.settings.max_body_bytes))
+        native_id = new_native_id()
+        envelope = Envelope(
+            transport=self.name,
+            channel=caller.name,
+            author=caller.author,
+            text=body.text,
+            thread=body.thread,
+            native_id=native_id,
+        )
+        disposition = await self.sink.on_envelope(envelope)
+        log.info(
+            "message %s from %s: %s",
+            native_id,
+            caller.name,
+            disposition.outcome,
+            extra={"request_id": ",".join(disposition.request_ids) or None},
+        )
+        status = 422 if disposition.outcome in REFUSED_OUTCOMES else 200
+        return web.json_response({"native_id": native_id, **disposition.to_dict()}, status=status)
+
+    async def _get_inbox(self, request: web.Request) -> web.Response:
+        caller = self._caller(request)
+        owner = request.match_info["name"]
+        if not caller.may_read(owner):
+            raise ApiError(403, f"{caller.name} may not read the inbox of {owner}")
+        wait = query_number(request, "wait", 0.0, minimum=0, maximum=float("inf"), integer=False)
+        limit = int(
+            query_number(request, "max", DEFAULT_INBOX_BATCH, minimum=1, maximum=INBOX_MAX_BATCH)
+        )
+        box = self._inboxes.get(owner)
+        if box is None:
+            raise ApiError(404, f"no inbox for {owner}")
+        messages = await box.take(
+            limit,
+            min(wait, self.settings.long_poll_max_seconds),
+            give_up=lambda: self._stopping or _client_gone(request),
+        )
+        response = web.json_response({"messages": [m.to_dict() for m in messages]})
+        if messages:
+            # Write now, so messages a vanished client never got go back to the inbox.
+            try:
+                await response.prepare(request)
+                await response.write_eof()
+            except ConnectionError:
+                self._keep(box, messages)  # aiohttp treats the failed response as done
+            except asyncio.CancelledError:
+                self._keep(box, messages)
+                raise
+        return response
+
+    @staticmethod
+    def _keep(box: Inbox, messages: list[InboxMessage]) -> None:
+        box.put_back(messages)
+        log.info("reader of %s went away; %d message(s) kept", box.owner, len(messages))
+
+    async def _post_command(self, request: web.Request) -> web.Response:
+        caller = self._caller(request)
+        body = parse_as(CommandBody, await read_body(request, self.settings.max_body_bytes))
+        name, args = body.resolve()
+        command = CommandRequest(
+            transport=self.name,
+            channel=caller.name,
+            author=caller.author,
+            name=name,
+            args=args,
+            roles=("operator",) if caller.is_operator else (),
+        )
+        result = await self.sink.on_command(command)
+        log.info("command %s from %s: ok=%s", name, caller.name, result.ok)
+        return web.json_response(result.to_dict())
+
+    async def _list_conversations(self, request: web.Request) -> web.Response:
+        self._caller(request)
+        offset = int(query_number(request, "offset", 0, minimum=0, maximum=2**31))
+        limit = int(query_number(request, "limit", DEFAULT_PAGE, minimum=1, maximum=PAGE_MAX))
+        found = await self.sink.conversations(
+            status=query_text(request, "status"),
+            agent=query_text(request, "agent"),
+            offset=offset,
+            limit=limit,
+        )
+        return web.json_response({"conversations": found})
+
+    async def _get_conversation(self, request: web.Request) -> web.Response:
+        self._caller(request)
+        request_id = request.match_info["request_id"]
+        found = await self.sink.conversation(request_id)
+        if found is None:
+            raise ApiError(404, f"no conversation {request_id}")
+        return web.json_response(found)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sink.health())

@@ -1,0 +1,189 @@
+"""Request parsing and the JSON error shape of the HTTP API.
+
+Every error leaves the server as ``{"error": {"code": "...", "message": "..."}}``:
+``ApiError`` for the errors handlers raise, aiohttp's ``HTTPException`` (unknown route,
+wrong method, oversize body) translated by ``json_errors``, and any unexpected
+exception as a logged 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from adapters.http.settings import describe_validation_error
+
+log = logging.getLogger("bpgw.adapters.http")
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+ERROR_CODES: Mapping[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    500: "internal_error",
+}
+
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain"
+
+
+class ApiError(Exception):
+    """An expected client error, answered with its status and the JSON error shape."""
+
+    def __init__(
+        self, status: int, message: str, *, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def error_response(
+    status: int, message: str, *, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """The JSON error answer for ``status``."""
+    code = ERROR_CODES.get(status, f"http_{status}")
+    return web.json_response(
+        {"error": {"code": code, "message": message}}, status=status, headers=headers
+    )
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error into the JSON error shape; an unexpected exception is a logged 500."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.message, headers=exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return error_response(exc.status, exc.text or exc.reason, headers=headers)
+    except ConnectionError:
+        raise  # the client went away; aiohttp handles that
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return error_response(500, "unexpected server error; see the gateway log")
+
+
+async def read_body(request: web.Request, max_bytes: int) -> Any:
+    """The request body as JSON, or ``{"text": <body>}`` for a ``text/plain`` body.
+
+    Oversize bodies are refused from ``Content-Length`` before reading (and aiohttp's
+    ``client_max_size`` refuses chunked ones while reading).
+    """
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(
+            413, f"body of {request.content_length} bytes exceeds the limit of {max_bytes}"
+        )
+    if request.content_type not in (JSON_TYPE, TEXT_TYPE):
+        raise ApiError(
+            415,
+            f"unsupported content type {request.content_type!r}; send {JSON_TYPE} or {TEXT_TYPE}",
+        )
+    raw = await request.read()
+    try:
+        text = raw.decode(request.charset or "utf-8")
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise ApiError(400, f"body is not valid text: {exc}") from None
+    if request.content_type == TEXT_TYPE:
+        return {"text": text}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"body is not valid JSON: {exc}") from None
+
+
+def parse_as(model: type[ModelT], data: Any) -> ModelT:
+    """Validate a decoded body against ``model``; 400 naming the field on failure."""
+    if not isinstance(data, dict):
+        raise ApiError(400, f"body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(400, describe_validation_error(exc, "body")) from None
+
+
+def query_number(
+    request: web.Request,
+    name: str,
+    default: float,
+    *,
+    minimum: float,
+    maximum: float,
+    integer: bool = True,
+) -> float:
+    """A numeric query parameter within ``[minimum, maximum]``; 400 when it is not."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ApiError(400, f"query parameter {name!r} must be {kind}, got {raw!r}") from None
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        raise ApiError(400, f"query parameter {name!r} must be between {minimum:g} and {maximum:g}")
+    return value
+
+
+def query_text(request: web.Request, name: str) -> str | None:
+    """An optional text query parameter (absent or empty is None)."""
+    return request.query.get(name) or None
+
+
+class MessageBody(BaseModel):
+    """``POST /v1/messages`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1)
+    thread: str | None = Field(default=None, min_length=1)
+
+
+class CommandBody(BaseModel):
+    """``POST /v1/commands`` body: ``command`` + ``args``, or a ``text`` command line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = Field(default=None, min_length=1, pattern=r"^\S+$")
+    args: list[str] = Field(default_factory=list)
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> CommandBody:
+        """Exactly one of ``command`` and ``text``; ``args`` only with ``command``."""
+        if (self.command is None) == (self.text is None):
+            raise ValueError("send either 'command' (with optional 'args') or 'text'")
+        if self.text is not None and self.args:
+            raise ValueError("'args' goes with 'command', not with 'text'")
+        return self
+
+    def resolve(self) -> tuple[str, tuple[str, ...]]:
+        """The command name and arguments; a ``text`` line may start with ``/protocol``."""
+        if self.command is not None:
+            return self.command, tuple(self.args)
+        try:
+            words = shlex.split(self.text or "")
+        except ValueError as exc:
+            raise ApiError(400, f"body.text: cannot split command line: {exc}") from None
+        if words and words[0] in ("/protocol", "protocol"):
+            words = words[1:]
+        if not words:
+            raise ApiError(400, "body.text: no command name (e.g. '/protocol status')")
+        return words[0], tuple(words[1:])

@@ -1,0 +1,538 @@
+"""The ``http`` transport against a real aiohttp server on a free port.
+
+The gateway is replaced by ``RecordingSink``, a small test double of our own
+``GatewaySink`` that records what it is handed and answers with canned results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from adapters.base import (
+    Address,
+    CommandRequest,
+    CommandResult,
+    ConfigError,
+    DeliveryError,
+    Disposition,
+    Envelope,
+    HealthState,
+    Outbound,
+    OutboundKind,
+    create_adapter,
+)
+from adapters.http import HttpAdapter
+
+ALICE = "alice-token-123"
+BOB = "bob-token-4567"
+OPS = "operator-token-89"
+
+
+class RecordingSink:
+    """Records envelopes and commands; answers with a settable disposition."""
+
+    def __init__(self) -> None:
+        self.envelopes: list[Envelope] = []
+        self.commands: list[CommandRequest] = []
+        self.disposition = Disposition("accepted", request_ids=("req-1",))
+        self.listed: list[dict[str, Any]] = []
+
+    async def on_envelope(self, envelope: Envelope) -> Disposition:
+        self.envelopes.append(envelope)
+        return self.disposition
+
+    async def on_command(self, command: CommandRequest) -> CommandResult:
+        self.commands.append(command)
+        return CommandResult(
+            title=f"ran {command.name}", fields=(("args", " ".join(command.args)),)
+        )
+
+    async def conversations(
+        self, *, status: str | None, agent: str | None, offset: int, limit: int
+    ) -> list[dict[str, Any]]:
+        self.listed.append({"status": status, "agent": agent, "offset": offset, "limit": limit})
+        return [{"request_id": "req-1", "status": status or "open"}]
+
+    async def conversation(self, request_id: str) -> dict[str, Any] | None:
+        return {"request_id": request_id, "history": []} if request_id == "req-1" else None
+
+    def health(self) -> dict[str, Any]:
+        return {"state": "up", "transports": {"api": "up"}}
+
+
+OPTIONS: dict[str, Any] = {
+    "port": 0,
+    "tokens": {"alice": ALICE, "bob": BOB},
+    "operator_tokens": {"ops": OPS},
+    "max_body_bytes": 1024,
+    "inbox_max": 3,
+    "long_poll_max_seconds": 2,
+}
+
+
+@pytest.fixture
+def sink() -> RecordingSink:
+    return RecordingSink()
+
+
+@pytest.fixture
+async def adapter(sink: RecordingSink) -> AsyncIterator[HttpAdapter]:
+    transport = create_adapter("http", "api", OPTIONS)
+    assert isinstance(transport, HttpAdapter)
+    await transport.start(sink)
+    try:
+        yield transport
+    finally:
+        await transport.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def api(adapter: HttpAdapter, client: aiohttp.ClientSession) -> Api:
+    return Api(client, adapter.url)
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def notice(channel: str, text: str, **kw: Any) -> Outbound:
+    return Outbound(Address("api", channel), text, kind=OutboundKind.NOTICE, **kw)
+
+
+class Api:
+    """A real aiohttp client bound to one running transport; answers (status, JSON)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session = session
+        self.base = base
+
+    async def request(
+        self, method: str, path: str, token: str | None = None, **kw: Any
+    ) -> tuple[int, Any]:
+        headers = {**(auth(token) if token else {}), **kw.pop("headers", {})}
+        async with self.session.request(method, self.base + path, headers=headers, **kw) as resp:
+            assert resp.content_type == "application/json"
+            return resp.status, await resp.json()
+
+    async def get(self, path: str, token: str | None = None, **kw: Any) -> tuple[int, Any]:
+        return await self.request("GET", path, token, **kw)
+
+    async def post(self, path: str, token: str | None = None, **kw: Any) -> tuple[int, Any]:
+        return await self.request("POST", path, token, **kw)
+
+
+def assert_error(status: int, body: Any, expected: int, code: str) -> None:
+    assert status == expected, body
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"port": 70000}, "transports.api.port"),
+        ({"tokens": {"a": "short"}}, "transports.api.tokens.a"),
+        (
+            {"tokens": {"a": ALICE}, "operator_tokens": {"o": ALICE}},
+            "transports.api.operator_tokens",
+        ),
+        ({"colour": "red"}, "transports.api.colour"),
+        ({"inbox_max": 0}, "transports.api.inbox_max"),
+    ],
+)
+def test_bad_options_name_the_key(options: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        create_adapter("http", "api", options)
+
+
+def test_capabilities_and_url_before_start() -> None:
+    transport = HttpAdapter("api", {})
+    assert transport.capabilities.threads and not transport.capabilities.native_commands
+    assert transport.capabilities.max_message_length is None
+    with pytest.raises(RuntimeError):
+        _ = transport.url
+
+
+# -- posting messages ----------------------------------------------------------------
+
+
+async def test_post_json_message(adapter: HttpAdapter, sink: RecordingSink, api: Api) -> None:
+    status, body = await api.post("/v1/messages", ALICE, json={"text": "hello", "thread": "t1"})
+    assert status == 200
+    assert body["outcome"] == "accepted" and body["request_ids"] == ["req-1"]
+    [envelope] = sink.envelopes
+    assert envelope.native_id == body["native_id"]
+    assert (envelope.transport, envelope.channel, envelope.text, envelope.thread) == (
+        "api",
+        "alice",
+        "hello",
+        "t1",
+    )
+    assert envelope.author.id == "alice" and envelope.author.is_bot
+
+
+async def test_post_plain_text_and_refusal_is_422(
+    adapter: HttpAdapter, sink: RecordingSink, api: Api
+) -> None:
+    sink.disposition = Disposition("malformed", detail="no header", errors=({"code": "x"},))
+    status, body = await api.post(
+        "/v1/messages",
+        BOB,
+        data="REQUEST to bob",
+        headers={"Content-Type": "text/plain; charset=utf-8"},
+    )
+    assert status == 422
+    assert body["outcome"] == "malformed" and body["errors"] == [{"code": "x"}]
+    assert sink.envelopes[0].text == "REQUEST to bob"
+    assert sink.envelopes[0].author.id == "bob"
+
+
+async def test_native_ids_are_unique(adapter: HttpAdapter, api: Api) -> None:
+    ids = set()
+    for _ in range(3):
+        _, body = await api.post("/v1/messages", ALICE, json={"text": "x"})
+        ids.add(body["native_id"])
+    assert len(ids) == 3
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected", "code"),
+    [
+        ({}, 401, "unauthorized"),
+        (auth("wrong-token-xyz"), 401, "unauthorized"),
+        ({"Authorization": f"Basic {ALICE}"}, 401, "unauthorized"),
+        (auth(OPS), 403, "forbidden"),
+    ],
+)
+async def test_post_message_token_errors(
+    adapter: HttpAdapter,
+    sink: RecordingSink,
+    api: Api,
+    headers: dict[str, str],
+    expected: int,
+    code: str,
+) -> None:
+    status, body = await api.post("/v1/messages", json={"text": "x"}, headers=headers)
+    assert_error(status, body, expected, code)
+    assert sink.envelopes == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected", "code"),
+    [
+        (
+            {"data": "{not json", "headers": {"Content-Type": "application/json"}},
+            400,
+            "bad_request",
+        ),
+        ({"json": ["text"]}, 400, "bad_request"),
+        ({"json": {"text": 5}}, 400, "bad_request"),
+        ({"json": {"text": "x", "extra": 1}}, 400, "bad_request"),
+        ({"json": {"text": ""}}, 400, "bad_request"),
+        ({"data": b"\xff\xfe", "headers": {"Content-Type": "text/plain"}}, 400, "bad_request"),
+        (
+            {"data": "x=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}},
+            415,
+            "unsupported_media_type",
+        ),
+        ({"json": {"text": "x" * 2000}}, 413, "payload_too_large"),
+    ],
+)
+async def test_post_message_bad_input(
+    adapter: HttpAdapter,
+    sink: RecordingSink,
+    api: Api,
+    kwargs: dict[str, Any],
+    expected: int,
+    code: str,
+) -> None:
+    status, body = await api.post("/v1/messages", ALICE, **kwargs)
+    assert_error(status, body, expected, code)
+    assert sink.envelopes == []
+
+
+async def test_chunked_oversize_body_is_413(adapter: HttpAdapter, api: Api) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield b"y" * 512
+
+    status, body = await api.post(
+        "/v1/messages", ALICE, data=chunks(), headers={"Content-Type": "text/plain"}
+    )
+    assert_error(status, body, 413, "payload_too_large")
+
+
+async def test_unknown_route_and_method(adapter: HttpAdapter, api: Api) -> None:
+    status, body = await api.get("/v1/nothing", ALICE)
+    assert_error(status, body, 404, "not_found")
+    async with api.session.delete(f"{api.base}/v1/messages", headers=auth(ALICE)) as resp:
+        assert resp.status == 405 and "POST" in resp.headers["Allow"]
+        assert (await resp.json())["error"]["code"] == "method_not_allowed"
+
+
+async def test_sink_failure_is_json_500(
+    adapter: HttpAdapter, sink: RecordingSink, api: Api
+) -> None:
+    async def broken(envelope: Envelope) -> Disposition:
+        raise RuntimeError("bug")
+
+    sink.on_envelope = broken  # type: ignore[method-assign]
+    status, body = await api.post("/v1/messages", ALICE, json={"text": "x"})
+    assert_error(status, body, 500, "internal_error")
+    assert "bug" not in body["error"]["message"]
+
+
+# -- inboxes -------------------------------------------------------------------------
+
+
+async def test_send_lands_in_inbox_with_fields(adapter: HttpAdapter, api: Api) -> None:
+    receipt = await adapter.send(
+        Outbound(
+            Address("api", "alice", "t9"),
+            "RESPONSE",
+            request_id="req-7",
+            trace_id="tr-1",
+            reply_to="n-1",
+        )
+    )
+    status, body = await api.get("/v1/agents/alice/inbox", ALICE)
+    assert status == 200
+    [message] = body["messages"]
+    assert message["id"] == receipt.native_ids[0]
+    assert {
+        k: message[k] for k in ("text", "kind", "request_id", "trace_id", "reply_to", "thread")
+    } == {
+        "text": "RESPONSE",
+        "kind": "protocol",
+        "request_id": "req-7",
+        "trace_id": "tr-1",
+        "reply_to": "n-1",
+        "thread": "t9",
+    }
+    assert message["at"] <= time.time()
+    _, again = await api.get("/v1/agents/alice/inbox", ALICE)
+    assert again == {"messages": []}
+
+
+async def test_recipient_overrides_channel(adapter: HttpAdapter, api: Api) -> None:
+    await adapter.send(notice("alice", "for bob", recipient="bob"))
+    _, body = await api.get("/v1/agents/bob/inbox", BOB)
+    assert [m["text"] for m in body["messages"]] == ["for bob"]
+    assert body["messages"][0]["kind"] == "notice"
+
+
+async def test_long_poll_returns_when_message_arrives(adapter: HttpAdapter, api: Api) -> None:
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await adapter.send(notice("alice", "ping"))
+
+    started = time.monotonic()
+    sender = asyncio.create_task(later())
+    status, body = await api.get("/v1/agents/alice/inbox?wait=10", ALICE)
+    await sender
+    elapsed = time.monotonic() - started
+    assert status == 200 and [m["text"] for m in body["messages"]] == ["ping"]
+    assert 0.15 < elapsed < 1.5
+
+
+async def test_long_poll_times_out_empty_capped_by_max_seconds(
+    adapter: HttpAdapter, api: Api
+) -> None:
+    started = time.monotonic()
+    status, body = await api.get("/v1/agents/alice/inbox?wait=0.3", ALICE)
+    assert status == 200 and body == {"messages": []}
+    assert 0.25 < time.monotonic() - started < 1.5
+    started = time.monotonic()
+    await api.get("/v1/agents/alice/inbox?wait=600", ALICE)
+    assert 1.9 < time.monotonic() - started < 3.5  # long_poll_max_seconds is 2
+
+
+async def test_inbox_max_pops_oldest_first(adapter: HttpAdapter, api: Api) -> None:
+    for text in ("one", "two", "three"):
+        await adapter.send(notice("alice", text))
+    _, first = await api.get("/v1/agents/alice/inbox?max=2", ALICE)
+    _, second = await api.get("/v1/agents/alice/inbox?max=2", OPS)
+    assert [m["text"] for m in first["messages"]] == ["one", "two"]
+    assert [m["text"] for m in second["messages"]] == ["three"]
+
+
+async def test_vanished_poller_does_not_lose_messages(adapter: HttpAdapter) -> None:
+    url = f"{adapter.url}/v1/agents/alice/inbox?wait=5"
+    async with aiohttp.ClientSession() as doomed:
+        poll = asyncio.create_task(doomed.get(url, headers=auth(ALICE)))
+        await asyncio.sleep(0.2)
+        poll.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await poll
+    await asyncio.sleep(0.1)
+    await adapter.send(notice("alice", "kept"))
+    await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as client:
+        _, body = await Api(client, adapter.url).get("/v1/agents/alice/inbox", ALICE)
+    assert [m["text"] for m in body["messages"]] == ["kept"]
+
+
+@pytest.mark.parametrize(
+    ("path", "token", "expected", "code"),
+    [
+        ("/v1/agents/bob/inbox", ALICE, 403, "forbidden"),
+        ("/v1/agents/alice/inbox", "nope-nope-nope", 401, "unauthorized"),
+        ("/v1/agents/ghost/inbox", OPS, 404, "not_found"),
+        ("/v1/agents/alice/inbox?wait=soon", ALICE, 400, "bad_request"),
+        ("/v1/agents/alice/inbox?wait=-1", ALICE, 400, "bad_request"),
+        ("/v1/agents/alice/inbox?wait=nan", ALICE, 400, "bad_request"),
+        ("/v1/agents/alice/inbox?max=0", ALICE, 400, "bad_request"),
+        ("/v1/agents/alice/inbox?max=1.5", ALICE, 400, "bad_request"),
+    ],
+)
+async def test_inbox_errors(
+    adapter: HttpAdapter,
+    api: Api,
+    path: str,
+    token: str,
+    expected: int,
+    code: str,
+) -> None:
+    status, body = await api.get(path, token)
+    assert_error(status, body, expected, code)
+
+
+async def test_unconfigured_agent_inbox_is_operator_only(adapter: HttpAdapter, api: Api) -> None:
+    await adapter.send(notice("ghost", "boo"))
+    status, body = await api.get("/v1/agents/ghost/inbox", ALICE)
+    assert_error(status, body, 403, "forbidden")
+    _, body = await api.get("/v1/agents/ghost/inbox", OPS)
+    assert [m["text"] for m in body["messages"]] == ["boo"]
+
+
+async def test_full_inbox_raises_delivery_error(adapter: HttpAdapter) -> None:
+    for n in range(3):
+        await adapter.send(notice("bob", f"m{n}"))
+    with pytest.raises(DeliveryError, match="inbox of bob is full"):
+        await adapter.send(notice("bob", "one too many"))
+
+
+# -- commands, conversations, health ---------------------------------------------------
+
+
+async def test_command_json_form(adapter: HttpAdapter, sink: RecordingSink, api: Api) -> None:
+    status, body = await api.post(
+        "/v1/commands", OPS, json={"command": "status", "args": ["x", "y"]}
+    )
+    assert status == 200
+    assert body["title"] == "ran status" and body["ok"] is True
+    assert body["fields"] == [{"name": "args", "value": "x y"}]
+    [command] = sink.commands
+    assert (command.transport, command.channel, command.name, command.args) == (
+        "api",
+        "ops",
+        "status",
+        ("x", "y"),
+    )
+    assert command.author.id == "ops" and not command.author.is_bot
+    assert command.roles == ("operator",)
+
+
+async def test_command_text_form_from_agent(
+    adapter: HttpAdapter, sink: RecordingSink, api: Api
+) -> None:
+    status, _ = await api.post(
+        "/v1/commands", ALICE, json={"text": '/protocol cancel req-1 "too slow"'}
+    )
+    assert status == 200
+    [command] = sink.commands
+    assert (command.name, command.args, command.roles) == ("cancel", ("req-1", "too slow"), ())
+    assert command.author.is_bot
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"command": "a", "text": "/protocol a"},
+        {"text": "/protocol"},
+        {"text": 'status "unclosed'},
+        {"command": "two words"},
+        {"text": "status", "args": ["x"]},
+    ],
+)
+async def test_command_bad_shapes(
+    adapter: HttpAdapter,
+    sink: RecordingSink,
+    api: Api,
+    payload: dict[str, Any],
+) -> None:
+    status, body = await api.post("/v1/commands", OPS, json=payload)
+    assert_error(status, body, 400, "bad_request")
+    assert sink.commands == []
+
+
+async def test_conversations(adapter: HttpAdapter, sink: RecordingSink, api: Api) -> None:
+    status, body = await api.get("/v1/conversations?status=open&agent=bob&offset=5&limit=2", ALICE)
+    assert status == 200 and body == {"conversations": [{"request_id": "req-1", "status": "open"}]}
+    assert sink.listed == [{"status": "open", "agent": "bob", "offset": 5, "limit": 2}]
+    await api.get("/v1/conversations", OPS)
+    assert sink.listed[-1] == {"status": None, "agent": None, "offset": 0, "limit": 50}
+
+    status, body = await api.get("/v1/conversations?limit=x", OPS)
+    assert_error(status, body, 400, "bad_request")
+    status, body = await api.get("/v1/conversations")
+    assert_error(status, body, 401, "unauthorized")
+
+
+async def test_one_conversation_and_404(adapter: HttpAdapter, api: Api) -> None:
+    status, body = await api.get("/v1/conversations/req-1", BOB)
+    assert status == 200 and body["request_id"] == "req-1"
+    status, body = await api.get("/v1/conversations/req-404", BOB)
+    assert_error(status, body, 404, "not_found")
+
+
+async def test_healthz_needs_no_token(adapter: HttpAdapter, api: Api) -> None:
+    status, body = await api.get("/healthz")
+    assert status == 200 and body["state"] == "up"
+    assert adapter.health().state is HealthState.UP
+
+
+# -- lifecycle -----------------------------------------------------------------------
+
+
+async def test_stop_twice_and_pollers_return(sink: RecordingSink) -> None:
+    transport = HttpAdapter("api", OPTIONS)
+    await transport.start(sink)
+    async with aiohttp.ClientSession() as client:
+        api = Api(client, transport.url)
+        poll = asyncio.create_task(api.get("/v1/agents/alice/inbox?wait=30", ALICE))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await transport.stop()
+        await transport.stop()
+        status, body = await poll
+    assert status == 200 and body == {"messages": []}
+    assert time.monotonic() - started < 2
+    assert transport.health().state is HealthState.DOWN
+    with pytest.raises(RuntimeError):
+        _ = transport.url
+
+
+async def test_port_in_use_reports_down(adapter: HttpAdapter, sink: RecordingSink) -> None:
+    port = int(adapter.url.rsplit(":", 1)[1])
+    clash = HttpAdapter("clash", {**OPTIONS, "port": port})
+    with pytest.raises(OSError):
+        await clash.start(sink)
+    assert clash.health().state is HealthState.DOWN
+    await clash.stop()
