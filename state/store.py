@@ -58,6 +58,8 @@ _ACTIVE_ORDER = (ConvStatus.OPEN, ConvStatus.CLARIFYING, ConvStatus.HANDED_OFF)
 _TERMINAL_ORDER = tuple(s for s in ConvStatus if s in TERMINAL)
 _Convs = list[Conversation]
 _Orphans = list[tuple[str, list[Event]]]
+_Results = list[ApplyResult]
+_Call = tuple[list[str], list[str | int | float]]
 
 
 def _fingerprint(msg: Message) -> str:
@@ -190,26 +192,47 @@ class ConversationStore:
     async def apply(self, msg: Message, origin: Origin, *, now: float | None = None
                     ) -> ApplyResult:
         """Apply one protocol message to its conversation in one round trip."""
+        keys, args = self._message_call(msg, origin, now)
+        return self._result(msg.request_id, msg.trace_id, str(msg.type),
+                            await self._apply(keys=keys, args=args))
+
+    async def apply_many(self, msgs: Sequence[Message], origin: Origin, *,
+                         now: float | None = None) -> _Results:
+        """Apply several messages in order in one pipelined round trip (bulk loads).
+
+        Each message is still its own atomic script; other clients' commands may
+        run between them.
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for msg in msgs:
+                keys, args = self._message_call(msg, origin, now)
+                await self._apply(keys=keys, args=args, client=pipe)
+            raws = await pipe.execute()
+        return [self._result(m.request_id, m.trace_id, str(m.type), raw)
+                for m, raw in zip(msgs, raws, strict=True)]
+
+    async def cancel(self, request_id: str, *, by: str, reason: str,
+                     now: float | None = None) -> ApplyResult:
+        """Cancel a conversation as an operator (from any non-terminal state)."""
+        keys, args = self._call(
+            "CANCEL", request_id, by, "", 0, 0, "", "", "", _clip(reason, EXCERPT_CHARS), "",
+            Origin(transport="operator", channel=""), None, now,
+        )
+        return self._result(request_id, None, "CANCEL", await self._apply(keys=keys, args=args))
+
+    def _message_call(self, msg: Message, origin: Origin, now: float | None) -> _Call:
         task, excerpt, priority = _message_text(msg)
         status = getattr(msg, "status", None)
-        return await self._run_apply(
+        return self._call(
             str(msg.type), msg.request_id, msg.sender, msg.to, msg.depth.current,
             msg.depth.max, str(status) if status else "", priority, task, excerpt,
             _fingerprint(msg), origin, msg.trace_id, now,
         )
 
-    async def cancel(self, request_id: str, *, by: str, reason: str,
-                     now: float | None = None) -> ApplyResult:
-        """Cancel a conversation as an operator (from any non-terminal state)."""
-        return await self._run_apply(
-            "CANCEL", request_id, by, "", 0, 0, "", "", "", _clip(reason, EXCERPT_CHARS), "",
-            Origin(transport="operator", channel=""), None, now,
-        )
-
-    async def _run_apply(self, typ: str, request_id: str, sender: str, to: str, depth: int,
-                         max_depth: int, status: str, priority: str, task: str, excerpt: str,
-                         fp: str, origin: Origin, trace_id: str | None,
-                         now: float | None) -> ApplyResult:
+    def _call(self, typ: str, request_id: str, sender: str, to: str, depth: int,
+              max_depth: int, status: str, priority: str, task: str, excerpt: str,
+              fp: str, origin: Origin, trace_id: str | None, now: float | None) -> _Call:
+        """KEYS and ARGV of apply.lua (argument order documented there)."""
         at = round(time.time() if now is None else now, 3)
         t = self.settings.timeout_for
         args: list[str | int | float] = [
@@ -218,9 +241,10 @@ class ConversationStore:
             t("BROADCAST"), origin.transport, origin.channel, origin.thread or "",
             origin.native_id or "", trace_id or "", self.settings.retention_seconds,
         ]
-        raw = await self._apply(
-            keys=[self.keys.conv(request_id), self.keys.orphan(request_id)], args=args
-        )
+        return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
+
+    def _result(self, request_id: str, trace_id: str | None, typ: str, raw: Any
+                ) -> ApplyResult:
         outcome = Outcome(_text(raw[0]))
         conv = decode_conversation(request_id, raw[3]) if raw[3] else None
         previous = ConvStatus(_text(raw[2])) if raw[2] else None

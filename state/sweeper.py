@@ -1,0 +1,116 @@
+"""Periodic sweeps inside the gateway process: time out due conversations, purge old ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from state.records import Conversation
+from state.settings import StateSettings
+from state.store import ConversationStore
+
+log = logging.getLogger(__name__)
+
+MAX_BATCHES_PER_SWEEP = 10
+"""Claim batches one sweep may take before yielding to the next interval."""
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one sweep did; ``error`` says why it stopped early (Redis down, ...)."""
+
+    claimed: int
+    purged: int
+    at: float
+    error: str | None = None
+
+
+class Sweeper:
+    """Runs claim_due and purge_expired on an AsyncIOScheduler; never dies on errors.
+
+    Each claimed conversation is passed to ``on_timeout`` (the gateway posts the
+    notices). A failing callback is logged and does not stop the sweep.
+    """
+
+    def __init__(self, store: ConversationStore,
+                 on_timeout: Callable[[Conversation], Awaitable[None]],
+                 settings: StateSettings) -> None:
+        self.store = store
+        self.on_timeout = on_timeout
+        self.settings = settings
+        self.last_report: SweepReport | None = None
+        self._scheduler: Any = None
+
+    def start(self) -> None:
+        """Schedule the sweep and purge jobs on the running event loop."""
+        scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
+        options = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        scheduler.add_job(self.sweep, "interval", seconds=self.settings.sweep_interval_seconds,
+                          id="bpgw-sweep", **options)
+        scheduler.add_job(self.purge, "interval", seconds=self.settings.purge_interval_seconds,
+                          id="bpgw-purge", **options)
+        scheduler.start()
+        self._scheduler = scheduler
+
+    async def stop(self) -> None:
+        """Stop scheduling; a job already running finishes on its own."""
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+
+    async def sweep(self, now: float | None = None) -> SweepReport:
+        """Claim due conversations batch by batch and hand each to the callback."""
+        at = time.time() if now is None else now
+        claimed, error = 0, None
+        try:
+            for _ in range(MAX_BATCHES_PER_SWEEP):
+                batch = await self.store.claim_due(now=at, limit=self.settings.sweep_batch)
+                for conv in batch:
+                    await self._notify(conv)
+                claimed += len(batch)
+                if len(batch) < self.settings.sweep_batch:
+                    break
+        except Exception as exc:  # Redis outage: log, report, retry next interval
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("timeout sweep failed after %d claims, will retry: %s", claimed, error)
+        return self._report(SweepReport(claimed=claimed, purged=0, at=at, error=error))
+
+    async def purge(self, now: float | None = None) -> SweepReport:
+        """Remove terminal conversations older than the retention."""
+        at = time.time() if now is None else now
+        purged, error = 0, None
+        try:
+            for _ in range(MAX_BATCHES_PER_SWEEP):
+                removed = await self.store.purge_expired(now=at, limit=self.settings.sweep_batch)
+                purged += removed
+                if removed < self.settings.sweep_batch:
+                    break
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("purge failed after %d removals, will retry: %s", purged, error)
+        return self._report(SweepReport(claimed=0, purged=purged, at=at, error=error))
+
+    async def run_once(self, now: float | None = None) -> SweepReport:
+        """One sweep and one purge, now; the combined report."""
+        swept = await self.sweep(now)
+        purged = await self.purge(now)
+        report = SweepReport(claimed=swept.claimed, purged=purged.purged, at=swept.at,
+                             error=swept.error or purged.error)
+        return self._report(report)
+
+    async def _notify(self, conv: Conversation) -> None:
+        try:
+            await self.on_timeout(conv)
+        except Exception:
+            log.exception("timeout callback failed for %s", conv.request_id,
+                          extra={"request_id": conv.request_id, "trace_id": conv.trace_id})
+
+    def _report(self, report: SweepReport) -> SweepReport:
+        self.last_report = report
+        return report
