@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from protocol.fields import FIELD_KEYS, KEY_SHAPE, TEXT_FIELDS, WEAK_ALIASES, normalize_key
+from protocol.text import clean_value
 
 MAX_DEPTH_LIMIT = 50
 DEFAULT_MAX_DEPTH = 5
 DEFAULT_VERSION = "0.1"
 NAME_MAX_LEN = 128
 REQUEST_ID_MAX_LEN = 128
+TOKEN_MAX_LEN = 128
+VERSION_MAX_LEN = 32
 
 # A name or id: no white space; request ids must also be printable.
 _NO_SPACE = re.compile(r"\S+")
@@ -95,18 +100,45 @@ def check_name(value: str) -> str:
     return value
 
 
-def check_request_id(value: str) -> str:
-    """Validate a RequestId: 1-128 printable characters, no white space."""
+def check_token(value: str, what: str, max_len: int = TOKEN_MAX_LEN) -> str:
+    """Validate a single-token value: 1-max_len printable characters, no white space."""
     if (
         not value
-        or len(value) > REQUEST_ID_MAX_LEN
+        or len(value) > max_len
         or not _NO_SPACE.fullmatch(value)
         or not value.isprintable()
     ):
-        raise ValueError(
-            f"a RequestId is 1-{REQUEST_ID_MAX_LEN} printable characters without white space"
-        )
+        raise ValueError(f"{what} is 1-{max_len} printable characters without white space")
     return value
+
+
+def check_request_id(value: str) -> str:
+    """Validate a RequestId: 1-128 printable characters, no white space."""
+    return check_token(value, "a RequestId", REQUEST_ID_MAX_LEN)
+
+
+def _clean_meta(type_name: str, meta: Any) -> tuple[tuple[str, str], ...]:
+    """Meta pairs trimmed, empty values dropped; keys must not name a field of the type."""
+    own = FIELD_KEYS[type_name]
+    pairs: list[tuple[str, str]] = []
+    weak_seen: set[str] = set()
+    for key, raw in meta:
+        if not isinstance(key, str) or not KEY_SHAPE.fullmatch(key):
+            raise ValueError(f"meta key {key!r} must match [A-Za-z][A-Za-z0-9_-]*")
+        norm = normalize_key(key)
+        if norm in WEAK_ALIASES:
+            if norm in weak_seen:
+                raise ValueError(f"meta key {key!r} may appear only once")
+            weak_seen.add(norm)
+        elif norm in own:
+            raise ValueError(f"meta key {key!r} names a {type_name} field; set the field")
+        value = clean_value(str(raw))
+        if value:
+            pairs.append((key, value))
+    return tuple(pairs)
+
+
+_DEFAULTS: dict[type[BaseModel], dict[str, Any]] = {}
 
 
 class MessageBase(BaseModel):
@@ -126,6 +158,21 @@ class MessageBase(BaseModel):
     # Unknown fields in their original order and spelling, written back unchanged.
     meta: tuple[tuple[str, str], ...] = ()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _clean_values(cls, data: Any) -> Any:
+        """Trim text values (empty means absent) and check meta against the type."""
+        if not isinstance(data, dict):
+            return data
+        cleaned = dict(data)
+        for name, value in data.items():
+            if name in TEXT_FIELDS and isinstance(value, str):
+                cleaned[name] = clean_value(value) or None
+        type_field = cls.model_fields.get("type")
+        if type_field is not None and "meta" in cleaned:
+            cleaned["meta"] = _clean_meta(str(type_field.default), cleaned["meta"])
+        return cleaned
+
     @field_validator("to", "sender")
     @classmethod
     def _valid_name(cls, value: str) -> str:
@@ -135,6 +182,41 @@ class MessageBase(BaseModel):
     @classmethod
     def _valid_request_id(cls, value: str) -> str:
         return check_request_id(value)
+
+    @field_validator("trace_id", "key_id", "signature")
+    @classmethod
+    def _valid_token(cls, value: str | None) -> str | None:
+        return None if value is None else check_token(value, "this value")
+
+    @field_validator("version")
+    @classmethod
+    def _valid_version(cls, value: str) -> str:
+        return check_token(value, "a Protocol-Version", VERSION_MAX_LEN)
+
+    @classmethod
+    def from_checked(cls, values: dict[str, Any]) -> Self:
+        """Build a message from values that already passed every check of this model.
+
+        The parser checks each value with the same functions the validators use, then
+        calls this to skip a second validation pass (it is several times faster). Anyone
+        else should construct models normally.
+        """
+        defaults = _DEFAULTS.get(cls)
+        if defaults is None:
+            # Every field in declaration order; required ones are always in ``values``.
+            defaults = {
+                name: None if info.is_required() else info.get_default(call_default_factory=True)
+                for name, info in cls.model_fields.items()
+            }
+            _DEFAULTS[cls] = defaults
+        fields = dict(defaults)
+        fields.update(values)
+        obj = cls.__new__(cls)
+        object.__setattr__(obj, "__dict__", fields)
+        object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+        object.__setattr__(obj, "__pydantic_extra__", None)
+        object.__setattr__(obj, "__pydantic_private__", None)
+        return obj
 
     @property
     def is_broadcast(self) -> bool:
@@ -192,9 +274,7 @@ class Broadcast(MessageBase):
     urgency: Priority | None = None
 
 
-Message = Annotated[
-    Request | Response | Clarify | Handoff | Broadcast, Field(discriminator="type")
-]
+Message = Annotated[Request | Response | Clarify | Handoff | Broadcast, Field(discriminator="type")]
 """Any protocol message; ``message.type`` tells which."""
 
 MESSAGE_CLASSES: dict[MessageType, type[MessageBase]] = {
