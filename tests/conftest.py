@@ -20,6 +20,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from servers import PrivateNats, PrivateValkey  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a Redis server, so CI can rerun them on another one."""
+    for item in items:
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """URL of a real Redis-protocol server for this test session."""
@@ -61,6 +68,6 @@ async def redis_client(redis_url: str, namespace: str) -> AsyncIterator[aioredis
     try:
         yield client
     finally:
-        async for key in client.scan_iter(match=f"{namespace}*", count=1000):
+        async for key in client.scan_iter(match=f"*{namespace}*", count=1000):
             await client.delete(key)
         await client.aclose()

@@ -1,11 +1,134 @@
-"""Sub-commands of `bpgw` (placeholder until its issue lands)."""
+"""``bpgw run`` (the gateway) and ``bpgw demo`` (a gateway plus scripted agents)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
+
+from adapters.base import ConfigError as TransportConfigError
+from gateway.app import Gateway
+from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.defaults import OPERATOR, embedded_config
+from gateway.demo import DemoError, run_demo
+from gateway.logs import configure_logging
 
 
 def register(sub: Any) -> None:
-    """Add this module's sub-commands to the `bpgw` parser."""
-    del sub
+    """Add ``run`` and ``demo``."""
+    run = sub.add_parser("run", help="run the gateway (embedded defaults without --config)")
+    run.add_argument("--config", type=Path, help="TOML config file (see config.example.toml)")
+    run.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".bpgw"),
+        help="data folder for embedded defaults (default ./.bpgw)",
+    )
+    run.add_argument(
+        "--port", type=int, default=8780, help="HTTP port for embedded defaults (default 8780)"
+    )
+    run.set_defaults(handler=_cmd_run)
+    demo = sub.add_parser("demo", help="run a gateway and three scripted agents end to end")
+    demo.add_argument("--json", action="store_true", help="print the conversation as JSON")
+    demo.set_defaults(handler=_cmd_demo)
+
+
+def _config_for(args: argparse.Namespace) -> tuple[GatewayConfig, dict[str, str] | None]:
+    if args.config is not None:
+        return load_config(args.config), None
+    base = load_config(None)  # environment overrides (BPGW_STATE__REDIS_URL, ...) still apply
+    return embedded_config(args.data_dir, port=args.port, redis_url=base.state.redis_url)
+
+
+def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
+    cfg = gateway.config
+    print(f"bpgw gateway '{cfg.gateway.name}' running (Ctrl-C to stop)")
+    print(f"  state: {gateway.redis_url} (namespace {cfg.state.namespace!r})")
+    for name, adapter in gateway.adapters.items():
+        url = getattr(adapter, "url", None)
+        print(f"  transport {name}: {url or adapter.health().state}")
+    if tokens is not None:
+        http = gateway.adapters.get("http")
+        base = getattr(http, "url", "http://127.0.0.1:8780")
+        print("  demo agent tokens (kept in data folder tokens.json):")
+        for name, token in tokens.items():
+            role = "operator" if name == OPERATOR else "agent"
+            print(f"    {role:8} {name:12} {token}")
+        print(f"  try: curl -s {base}/healthz")
+    sys.stdout.flush()
+
+
+async def _serve(config: GatewayConfig, tokens: dict[str, str] | None) -> int:
+    gateway = Gateway(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await gateway.start()
+        _print_banner(gateway, tokens)
+        await stop.wait()
+        print("bpgw: shutting down", flush=True)
+    finally:
+        await gateway.stop()
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config, tokens = _config_for(args)
+        configure_logging(config.gateway.log_level, config.gateway.log_format)
+        return asyncio.run(_serve(config, tokens))
+    except (ConfigError, TransportConfigError) as exc:
+        print(f"bpgw: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"bpgw: cannot start: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _demo(as_json: bool) -> int:
+    data_dir = Path(tempfile.mkdtemp(prefix="bpgw-demo-"))
+    base = load_config(None)
+    config, tokens = embedded_config(data_dir, port=0, redis_url=base.state.redis_url)
+    config = config.model_copy(
+        update={"state": config.state.model_copy(update={"namespace": f"demo-{data_dir.name}"})}
+    )
+    gateway = Gateway(config)
+    try:
+        await gateway.start()
+        url = str(getattr(gateway.adapters["http"], "url", ""))
+        say = (lambda _line: None) if as_json else print
+        say(f"gateway up at {url}; state in {gateway.redis_url}")
+        conv = await run_demo(url, tokens, tokens[OPERATOR], say)
+    finally:
+        await gateway.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(data_dir)
+    if as_json:
+        print(json.dumps(conv, indent=2, ensure_ascii=False))
+        return 0
+    print(f"\nconversation {conv['request_id']} as the gateway tracked it: {conv['status']}")
+    for event in conv["history"]:
+        print(
+            f"  {event['type']:9} {event['sender']:>12} -> {event['to']:<12} "
+            f"depth {event['depth_current']}/{event['depth_max']}  -> {event['status']:11} "
+            f"{event['excerpt'][:50]}"
+        )
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    configure_logging("WARNING", "text")
+    try:
+        return asyncio.run(_demo(args.json))
+    except DemoError as exc:
+        print(f"bpgw demo failed: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,324 @@
+"""Operator commands (``/protocol ...``), written once as platform-neutral results.
+
+Each adapter renders a ``CommandResult`` natively (embeds, Block Kit, HTML, JSON).
+Read commands are open to ``[permissions] read`` (everyone by default); ``cancel`` needs
+``[permissions] operators``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from adapters.base import CommandRequest, CommandResult
+from gateway.agents import AgentDirectory
+from gateway.config import GatewayConfig
+from gateway.notices import format_duration
+from state.records import Conversation, ConvStatus, Outcome
+from state.store import ConversationStore
+
+log = logging.getLogger("bpgw.gateway.commands")
+
+READ_COMMANDS = frozenset({"status", "show", "list", "agents", "help"})
+OPERATOR_COMMANDS = frozenset({"cancel"})
+LIST_LIMIT = 25
+
+HELP_ROWS: tuple[tuple[str, str], ...] = (
+    ("status [agent]", "counts, oldest open, per-agent load, violations, transports, sweeps"),
+    ("show <RequestId>", "one conversation with its whole history across transports"),
+    ("list [status] [agent]", f"up to {LIST_LIMIT} conversations, newest first"),
+    ("agents", "declared and learned agents, where they live, who may speak as them"),
+    ("cancel <RequestId> [reason]", "mark a conversation cancelled and tell both parties"),
+    ("help", "this list"),
+)
+
+
+def parse_command(text: str, prefix: str) -> tuple[str, tuple[str, ...]] | None:
+    """``"/protocol show abc-1"`` -> ``("show", ("abc-1",))``; None when not a command."""
+    stripped = text.strip()
+    if not stripped.startswith(prefix):
+        return None
+    rest = stripped[len(prefix) :]
+    if rest and not rest[0].isspace():
+        return None  # "/protocolx" is not ours
+    words = rest.split()
+    if not words:
+        return ("help", ())
+    return (words[0].lower(), tuple(words[1:]))
+
+
+@dataclass(frozen=True)
+class CancelNotice:
+    """What the gateway must tell people after a cancel (sent by the pipeline)."""
+
+    conversation: Conversation
+    by: str
+    reason: str
+
+
+def _ago(now: float, then: float | None) -> str:
+    return "-" if then is None else format_duration(now - then)
+
+
+class Commands:
+    """Runs operator commands against the state store and the agent directory."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: ConversationStore,
+        directory: AgentDirectory,
+        status_extras: Callable[[], Awaitable[Sequence[tuple[str, str]]]],
+        on_cancel: Callable[[CancelNotice], Awaitable[None]],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._directory = directory
+        self._status_extras = status_extras
+        self._on_cancel = on_cancel
+
+    def allowed(self, cmd: CommandRequest) -> bool:
+        """Whether the author may run ``cmd`` (unknown commands: as a read command)."""
+        perms = self._config.permissions
+        rules = (
+            perms.operators if cmd.name in OPERATOR_COMMANDS else [*perms.read, *perms.operators]
+        )
+        for rule in rules:
+            if rule == "*" or rule == cmd.identity:
+                return True
+            if rule.startswith("role:"):
+                transport, _, role = rule[5:].partition(":")
+                if transport == cmd.transport and role in cmd.roles:
+                    return True
+        return False
+
+    async def run(self, cmd: CommandRequest) -> CommandResult:
+        """Run one command, bounded by the configured timeout; never raises."""
+        if not self.allowed(cmd):
+            who = "operators" if cmd.name in OPERATOR_COMMANDS else "readers"
+            return CommandResult(
+                title=f"/protocol {cmd.name}: permission denied",
+                fields=(("why", f"{cmd.identity} is not among the configured {who}"),),
+                ok=False,
+            )
+        handler = {
+            "status": self._status,
+            "show": self._show,
+            "list": self._list,
+            "agents": self._agents,
+            "cancel": self._cancel,
+            "help": self._help,
+        }.get(cmd.name)
+        if handler is None:
+            return CommandResult(
+                title=f"/protocol {cmd.name}: unknown command",
+                columns=("command", "what it does"),
+                rows=HELP_ROWS,
+                ok=False,
+            )
+        timeout = self._config.gateway.command_timeout_seconds
+        try:
+            return await asyncio.wait_for(handler(cmd), timeout)
+        except TimeoutError:
+            log.warning("command timed out", extra={"reason": cmd.name})
+            return CommandResult(
+                title=f"/protocol {cmd.name}: no answer within {timeout:g}s",
+                fields=(("why", "the state store is slow or unreachable; try again shortly"),),
+                ok=False,
+            )
+        except Exception as exc:  # a store outage must become an answer, not a crash
+            log.exception("command failed", extra={"reason": cmd.name})
+            return CommandResult(
+                title=f"/protocol {cmd.name} failed",
+                fields=(("error", f"{type(exc).__name__}: {exc}"),),
+                ok=False,
+            )
+
+    async def _help(self, cmd: CommandRequest) -> CommandResult:
+        return CommandResult(
+            title="bot-protocol gateway commands",
+            columns=("command", "what it does"),
+            rows=HELP_ROWS,
+        )
+
+    async def _status(self, cmd: CommandRequest) -> CommandResult:
+        now = time.time()
+        agent = cmd.args[0].lstrip("@") if cmd.args else None
+        counts, load = await asyncio.gather(self._store.counts(), self._store.load_by_agent())
+        if agent is None:
+            oldest = await self._store.oldest_open(limit=10)
+        else:
+            convs = await self._store.list(agent=agent, limit=200)
+            oldest = sorted((c for c in convs if not c.is_terminal), key=lambda c: c.created_at)[
+                :10
+            ]
+        fields: list[tuple[str, str]] = [
+            ("by status", ", ".join(f"{s}: {counts.get(s, 0)}" for s in ConvStatus)),
+            (
+                "open load per agent",
+                ", ".join(f"@{a}: {n}" for a, n in load.items()) or "nobody owes a reply",
+            ),
+        ]
+        if agent is not None:
+            owed = next((n for a, n in load.items() if a.casefold() == agent.casefold()), 0)
+            fields.insert(0, ("agent", f"@{agent} owes {owed} repl{'y' if owed == 1 else 'ies'}"))
+        fields.extend(await self._status_extras())
+        return CommandResult(
+            title="bot-protocol status" + (f" for @{agent}" if agent else ""),
+            fields=tuple(fields),
+            columns=("RequestId", "type", "status", "age", "owes reply", "requester"),
+            rows=tuple(
+                (
+                    c.request_id,
+                    c.kind,
+                    str(c.status),
+                    _ago(now, c.created_at),
+                    f"@{c.owes_reply}",
+                    f"@{c.requester}",
+                )
+                for c in oldest
+            ),
+            footer="oldest open conversations first",
+        )
+
+    async def _show(self, cmd: CommandRequest) -> CommandResult:
+        if not cmd.args:
+            return CommandResult(title="usage: /protocol show <RequestId>", ok=False)
+        conv = await self._store.get(cmd.args[0], with_history=True)
+        if conv is None:
+            return CommandResult(title=f"no conversation {cmd.args[0]!r}", ok=False)
+        now = time.time()
+        origin = conv.origin
+        return CommandResult(
+            title=f"{conv.kind} {conv.request_id}: {conv.status}",
+            fields=(
+                ("TraceId", conv.trace_id or "-"),
+                ("requester", f"@{conv.requester}"),
+                ("assignee", f"@{conv.assignee}"),
+                ("owes reply", "-" if conv.is_terminal else f"@{conv.owes_reply}"),
+                ("depth", f"{conv.depth_current}/{conv.depth_max}"),
+                ("priority", conv.priority),
+                ("task", conv.task or "-"),
+                ("age", _ago(now, conv.created_at)),
+                (
+                    "deadline",
+                    "-"
+                    if conv.deadline is None
+                    else f"in {_ago(conv.deadline, now)}"
+                    if conv.deadline > now
+                    else f"{_ago(now, conv.deadline)} ago",
+                ),
+                (
+                    "origin",
+                    f"{origin.transport}:{origin.channel}"
+                    + (f"#{origin.thread}" if origin.thread else ""),
+                ),
+            ),
+            columns=("when", "type", "from", "to", "depth", "status", "via", "excerpt"),
+            rows=tuple(
+                (
+                    f"{_ago(now, e.at)} ago",
+                    e.type,
+                    e.sender,
+                    e.to,
+                    f"{e.depth_current}/{e.depth_max}",
+                    e.status,
+                    e.transport,
+                    e.excerpt,
+                )
+                for e in conv.history
+            ),
+        )
+
+    async def _list(self, cmd: CommandRequest) -> CommandResult:
+        status: str | None = None
+        agent: str | None = None
+        statuses = {str(s) for s in ConvStatus}
+        for arg in cmd.args:
+            if arg.lower() in statuses and status is None:
+                status = arg.lower()
+            elif agent is None:
+                agent = arg.lstrip("@")
+        convs = await self._store.list(status=status, agent=agent, limit=LIST_LIMIT)
+        now = time.time()
+        filters = ", ".join(f for f in (status, f"@{agent}" if agent else None) if f)
+        return CommandResult(
+            title="conversations" + (f" ({filters})" if filters else ""),
+            columns=("RequestId", "type", "status", "requester", "assignee", "depth", "updated"),
+            rows=tuple(
+                (
+                    c.request_id,
+                    c.kind,
+                    str(c.status),
+                    f"@{c.requester}",
+                    f"@{c.assignee}",
+                    f"{c.depth_current}/{c.depth_max}",
+                    f"{_ago(now, c.updated_at)} ago",
+                )
+                for c in convs
+            ),
+            footer=f"showing up to {LIST_LIMIT}",
+        )
+
+    async def _agents(self, cmd: CommandRequest) -> CommandResult:
+        load = await self._store.load_by_agent()
+        bindings = await self._directory.bindings()
+        everyone = await self._directory.all_addresses()
+        rows: list[tuple[str, ...]] = []
+        seen: set[str] = set()
+        for agent in self._directory.declared_agents():
+            seen.add(agent.name.casefold())
+            rows.append(
+                (
+                    f"@{agent.name}",
+                    "declared",
+                    ", ".join(str(a) for a in agent.addresses) or "-",
+                    ", ".join(sorted(agent.identities)) or bindings.get(agent.name.casefold(), "-"),
+                    "yes" if agent.public_key else "no",
+                    str(load.get(agent.name, 0)),
+                )
+            )
+        for name, addresses in sorted(everyone.items()):
+            if name.casefold() in seen:
+                continue
+            rows.append(
+                (
+                    f"@{name}",
+                    "learned",
+                    ", ".join(str(a) for a in addresses),
+                    bindings.get(name.casefold(), "-"),
+                    "no",
+                    str(load.get(name, 0)),
+                )
+            )
+        return CommandResult(
+            title="agents",
+            fields=(("undeclared names", str(self._config.policy.undeclared_agents)),),
+            columns=("agent", "kind", "addresses", "identities", "signs", "open load"),
+            rows=tuple(rows),
+        )
+
+    async def _cancel(self, cmd: CommandRequest) -> CommandResult:
+        if not cmd.args:
+            return CommandResult(title="usage: /protocol cancel <RequestId> [reason]", ok=False)
+        request_id = cmd.args[0]
+        reason = " ".join(cmd.args[1:]) or "cancelled by an operator"
+        by = cmd.author.display_name or cmd.identity
+        result = await self._store.cancel(request_id, by=by, reason=reason)
+        if result.outcome is not Outcome.APPLIED or result.conversation is None:
+            return CommandResult(
+                title=f"cannot cancel {request_id}", fields=(("why", result.reason),), ok=False
+            )
+        await self._on_cancel(CancelNotice(result.conversation, by, reason))
+        conv = result.conversation
+        return CommandResult(
+            title=f"cancelled {request_id}",
+            fields=(
+                ("was", str(result.previous_status or "-")),
+                ("told", f"@{conv.requester} and @{conv.assignee}"),
+                ("reason", reason),
+            ),
+        )

@@ -1,0 +1,256 @@
+"""Gateway configuration: TOML validated by pydantic, with environment overrides.
+
+Every key has a safe default, so ``GatewayConfig()`` is the embedded-defaults setup.
+Secrets stay out of files: any string value ``"env:NAME"`` is read from the environment
+variable ``NAME``, and ``BPGW_SECTION__KEY=value`` overrides ``[section] key``
+(for example ``BPGW_STATE__REDIS_URL=redis://127.0.0.1:6379``).
+A bad config fails fast with the dotted key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from adapters.base import Address
+from protocol.models import check_name
+from state.settings import StateSettings
+
+ENV_PREFIX = "BPGW_"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the reason."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IdentityPolicy(StrEnum):
+    """How senders that no ``[agents.X]`` entry declares are treated."""
+
+    PIN = "pin"  # reject undeclared names
+    TOFU = "tofu"  # bind the first identity seen for a name (trust on first use)
+    OPEN = "open"  # accept any identity for undeclared names
+
+
+class GatewaySection(_Section):
+    """``[gateway]``: the gateway's own identity and files."""
+
+    name: str = "bpgw"
+    data_dir: Path = Path(".bpgw")
+    log_level: str = "INFO"
+    log_format: str = Field(default="json", pattern="^(json|text)$")
+    command_prefix: str = "/protocol"
+    command_timeout_seconds: float = Field(default=2.5, gt=0, le=30)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value)
+
+
+class StateSection(_Section):
+    """``[state]``: where conversations live and how long they may wait."""
+
+    redis_url: str = "embedded"
+    namespace: str = Field(default="bpgw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    retention_days: float = Field(default=7.0, gt=0)
+    sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    purge_interval_seconds: float = Field(default=3600.0, gt=0)
+    sweep_batch: int = Field(default=1000, ge=1, le=100_000)
+    timeouts: dict[str, float] = Field(
+        default_factory=lambda: {
+            "request": 1800.0,
+            "handoff": 1800.0,
+            "clarify": 600.0,
+            "broadcast": 300.0,
+        }
+    )
+
+    @field_validator("timeouts")
+    @classmethod
+    def _timeouts(cls, value: dict[str, float]) -> dict[str, float]:
+        known = {"request", "handoff", "clarify", "broadcast"}
+        for key, seconds in value.items():
+            if key.lower() not in known:
+                raise ValueError(f"unknown message type {key!r} (known: {sorted(known)})")
+            if seconds <= 0:
+                raise ValueError(f"{key} timeout must be positive")
+        return {k.lower(): float(v) for k, v in value.items()}
+
+
+class PolicySection(_Section):
+    """``[policy]``: enforcement and loop prevention."""
+
+    undeclared_agents: IdentityPolicy = IdentityPolicy.TOFU
+    close_on_depth_violation: bool = True
+    pair_budget_messages: int = Field(default=20, ge=1)
+    pair_budget_window_seconds: float = Field(default=60.0, gt=0)
+    pair_cooldown_seconds: float = Field(default=60.0, ge=0)
+    dedupe_window_seconds: float = Field(default=600.0, gt=0)
+    max_block_bytes: int = Field(default=65536, ge=256, le=16 * 1024 * 1024)
+
+
+class PermissionsSection(_Section):
+    """``[permissions]``: who may run operator commands.
+
+    Entries are identities (``transport:author-id``), roles (``role:transport:role``)
+    or ``*`` for everyone.
+    """
+
+    read: list[str] = Field(default_factory=lambda: ["*"])
+    operators: list[str] = Field(default_factory=list)
+
+
+class AgentSection(_Section):
+    """``[agents.NAME]``: one declared agent."""
+
+    addresses: list[str] = Field(default_factory=list)
+    identities: list[str] = Field(default_factory=list)
+    public_key: str | None = None
+
+    @field_validator("addresses", "identities")
+    @classmethod
+    def _qualified(cls, value: list[str]) -> list[str]:
+        for item in value:
+            transport, sep, rest = item.partition(":")
+            if not sep or not transport or not rest:
+                raise ValueError(f"{item!r} must look like 'transport:id'")
+        return value
+
+    def parsed_addresses(self) -> list[Address]:
+        """The addresses as ``Address`` values."""
+        return [parse_address(a) for a in self.addresses]
+
+
+class GatewayConfig(_Section):
+    """The whole configuration file."""
+
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    state: StateSection = Field(default_factory=StateSection)
+    policy: PolicySection = Field(default_factory=PolicySection)
+    permissions: PermissionsSection = Field(default_factory=PermissionsSection)
+    agents: dict[str, AgentSection] = Field(default_factory=dict)
+    transports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    mirrors: list[str] = Field(default_factory=list)
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, value: dict[str, AgentSection]) -> dict[str, AgentSection]:
+        for name in value:
+            check_name(name)
+        return value
+
+    @field_validator("mirrors")
+    @classmethod
+    def _mirrors(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parse_address(item)
+        return value
+
+    def state_settings(self) -> StateSettings:
+        """The ``state`` package's settings derived from ``[state]`` and ``[gateway]``."""
+        s = self.state
+        return StateSettings(
+            redis_url=s.redis_url,
+            namespace=s.namespace,
+            data_dir=self.gateway.data_dir,
+            timeouts={k.upper(): v for k, v in s.timeouts.items()},
+            retention_seconds=s.retention_days * 86400,
+            sweep_interval_seconds=s.sweep_interval_seconds,
+            purge_interval_seconds=s.purge_interval_seconds,
+            sweep_batch=s.sweep_batch,
+        )
+
+    def transport_kind(self, name: str) -> str:
+        """A transport's kind: its ``kind`` key, else its table name."""
+        return str(self.transports[name].get("kind", name))
+
+    def transport_options(self, name: str) -> dict[str, Any]:
+        """A transport's options without ``kind``/``enabled``."""
+        return {k: v for k, v in self.transports[name].items() if k not in ("kind", "enabled")}
+
+    def enabled_transports(self) -> list[str]:
+        """Names of transports whose ``enabled`` is not false."""
+        return [n for n, t in self.transports.items() if t.get("enabled", True) is not False]
+
+
+def parse_address(text: str) -> Address:
+    """Parse ``transport:channel`` or ``transport:channel#thread``."""
+    transport, sep, rest = text.partition(":")
+    if not sep or not transport or not rest:
+        raise ConfigError(f"address {text!r} must look like 'transport:channel[#thread]'")
+    channel, _, thread = rest.partition("#")
+    if not channel:
+        raise ConfigError(f"address {text!r} has no channel")
+    return Address(transport, channel, thread or None)
+
+
+def _resolve_env_refs(value: Any, path: str, environ: Mapping[str, str]) -> Any:
+    """Replace ``"env:NAME"`` strings with the environment variable's value."""
+    if isinstance(value, str) and value.startswith("env:"):
+        var = value[4:]
+        if var not in environ:
+            raise ConfigError(f"{path}: environment variable {var} is not set")
+        return environ[var]
+    if isinstance(value, dict):
+        return {k: _resolve_env_refs(v, f"{path}.{k}", environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_env_refs(v, f"{path}[{i}]", environ) for i, v in enumerate(value)]
+    return value
+
+
+def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Apply ``BPGW_A__B=value`` as ``data[a][b] = value`` (values stay strings)."""
+    for var, value in environ.items():
+        if not var.startswith(ENV_PREFIX) or "__" not in var:
+            continue
+        parts = [p.lower() for p in var[len(ENV_PREFIX) :].split("__")]
+        if not all(parts):
+            continue
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{var}: {'.'.join(parts)} does not name a table key")
+            node = child
+        node[parts[-1]] = value
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        problems.append(f"{key}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
+
+
+def load_config(
+    path: Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Load, override and validate the configuration; ``path=None`` means defaults only."""
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    _apply_env_overrides(data, env)
+    data = _resolve_env_refs(data, "config", env)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None

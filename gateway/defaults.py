@@ -1,0 +1,68 @@
+"""The embedded-defaults setup ``bpgw run`` uses when no config file is given.
+
+A local HTTP transport on 127.0.0.1:8780 with three demo agents (Lotbot, Mantis,
+SecurityBot) and one operator (admin). Their bearer tokens are random, kept in
+``<data_dir>/tokens.json`` (mode 0600) so they stay the same across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from gateway.config import GatewayConfig
+
+DEMO_AGENTS = ("Lotbot", "Mantis", "SecurityBot")
+OPERATOR = "admin"
+DEFAULT_HTTP_PORT = 8780
+
+
+def load_or_create_tokens(data_dir: Path) -> dict[str, str]:
+    """Tokens for the demo agents and the operator, created on first use."""
+    path = data_dir / "tokens.json"
+    wanted = [*DEMO_AGENTS, OPERATOR]
+    tokens: dict[str, str] = {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(loaded, dict):
+            tokens = {str(k): str(v) for k, v in loaded.items() if isinstance(v, str) and v}
+    except (OSError, ValueError):
+        tokens = {}
+    if all(name in tokens for name in wanted):
+        return tokens
+    for name in wanted:
+        tokens.setdefault(name, secrets.token_urlsafe(24))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(tokens, fh, indent=2)
+    return tokens
+
+
+def embedded_config(
+    data_dir: Path = Path(".bpgw"), *, port: int = DEFAULT_HTTP_PORT, redis_url: str = "embedded"
+) -> tuple[GatewayConfig, dict[str, str]]:
+    """The default configuration and the tokens it uses."""
+    tokens = load_or_create_tokens(data_dir)
+    data: dict[str, Any] = {
+        "gateway": {"data_dir": str(data_dir), "log_format": "text"},
+        "state": {"redis_url": redis_url},
+        "permissions": {"read": ["*"], "operators": [f"http:{OPERATOR}"]},
+        "agents": {
+            name: {"addresses": [f"http:{name}"], "identities": [f"http:{name}"]}
+            for name in DEMO_AGENTS
+        },
+        "transports": {
+            "http": {
+                "kind": "http",
+                "host": "127.0.0.1",
+                "port": port,
+                "tokens": {name: tokens[name] for name in DEMO_AGENTS},
+                "operator_tokens": {OPERATOR: tokens[OPERATOR]},
+            }
+        },
+    }
+    return GatewayConfig.model_validate(data), tokens

@@ -1,0 +1,122 @@
+"""``bpgw demo``: a gateway and three scripted agents talking over the HTTP API.
+
+Lotbot asks Mantis for a disk check (REQUEST), Mantis asks which host (CLARIFY), Lotbot
+answers (RESPONSE), Mantis hands the job to SecurityBot (HANDOFF), SecurityBot answers
+Lotbot (RESPONSE done). Each agent only posts blocks and long-polls its inbox, exactly as
+a real agent would; the conversation is then printed as the gateway tracked it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from protocol import (
+    Message,
+    MessageType,
+    answer_clarify,
+    build_request,
+    parse,
+    render,
+    reply_clarify,
+    reply_handoff,
+    reply_response,
+)
+
+
+class DemoError(RuntimeError):
+    """The scripted conversation did not go as planned."""
+
+
+@dataclass
+class HttpAgent:
+    """A minimal agent: posts protocol blocks and long-polls its inbox."""
+
+    name: str
+    token: str
+    base_url: str
+    session: aiohttp.ClientSession
+
+    @property
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def post(self, msg: Message) -> dict[str, Any]:
+        """Post one block; raise DemoError unless the gateway accepted it."""
+        async with self.session.post(
+            f"{self.base_url}/v1/messages", json={"text": render(msg)}, headers=self._headers
+        ) as resp:
+            body: dict[str, Any] = await resp.json()
+        if body.get("outcome") != "accepted":
+            raise DemoError(f"{self.name}'s {msg.type} was not accepted: {body}")
+        return body
+
+    async def receive(self, want: MessageType, wait_seconds: float = 10.0) -> Message:
+        """Wait for the next protocol message of type ``want`` in this agent's inbox."""
+        async with self.session.get(
+            f"{self.base_url}/v1/agents/{self.name}/inbox",
+            params={"wait": str(wait_seconds), "max": "1"},
+            headers=self._headers,
+        ) as resp:
+            body = await resp.json()
+        for item in body.get("messages", []):
+            for msg in parse(item["text"]).messages:
+                if msg.type is want:
+                    return msg
+        raise DemoError(f"{self.name} waited {wait_seconds}s for a {want} and got {body}")
+
+
+async def run_demo(
+    base_url: str, tokens: dict[str, str], operator_token: str, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Play the scripted conversation; return the conversation as the gateway tracked it."""
+    async with aiohttp.ClientSession() as session:
+        lot, man, sec = (
+            HttpAgent(n, tokens[n], base_url, session) for n in ("Lotbot", "Mantis", "SecurityBot")
+        )
+        request = build_request(
+            sender="Lotbot",
+            to="Mantis",
+            task="Check disk usage and report anything over 80%",
+            context="nightly audit",
+        )
+        await lot.post(request)
+        say(f"Lotbot  -> Mantis       REQUEST  {request.request_id} (depth {request.depth})")
+        got = await man.receive(MessageType.REQUEST)
+        clarify = reply_clarify(got, sender="Mantis", question="Which host: build-01 or build-02?")
+        await man.post(clarify)
+        say(f"Mantis  -> Lotbot       CLARIFY  (depth {clarify.depth})")
+        got = await lot.receive(MessageType.CLARIFY)
+        answer = answer_clarify(got, sender="Lotbot", result="build-01, please.")
+        await lot.post(answer)
+        say(f"Lotbot  -> Mantis       RESPONSE answer (depth {answer.depth})")
+        got = await man.receive(MessageType.RESPONSE)
+        handoff = reply_handoff(
+            got,
+            sender="Mantis",
+            to="SecurityBot",
+            task="Check disk usage on build-01 and report anything over 80%",
+            reason="SecurityBot has shell access to build-01",
+        )
+        await man.post(handoff)
+        say(f"Mantis  -> SecurityBot  HANDOFF  (depth {handoff.depth})")
+        got = await sec.receive(MessageType.HANDOFF)
+        done = reply_response(
+            got, sender="SecurityBot", status="done", result="/var is at 91%; everything else < 60%"
+        ).model_copy(update={"to": "Lotbot"})
+        await sec.post(done)
+        say(f"SecurityBot -> Lotbot   RESPONSE done (depth {done.depth})")
+        final = await lot.receive(MessageType.RESPONSE)
+        say(f"Lotbot received: {getattr(final, 'result', None)}")
+        async with session.get(
+            f"{base_url}/v1/conversations/{request.request_id}",
+            headers={"Authorization": f"Bearer {operator_token}"},
+        ) as resp:
+            conv: dict[str, Any] = await resp.json()
+    if conv.get("status") != "done":
+        raise DemoError(f"conversation ended as {conv.get('status')}: {json.dumps(conv)}")
+    return conv

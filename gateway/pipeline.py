@@ -1,0 +1,478 @@
+"""The gateway pipeline, one direction only:
+
+envelope -> drop our own and relayed copies -> commands -> parse -> (malformed: error reply)
+-> authenticate the sender -> enforce depth -> loop guards -> apply to state -> route
+-> relay. Ordinary chat is ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from adapters.base import (
+    Address,
+    CommandRequest,
+    CommandResult,
+    Disposition,
+    Envelope,
+    Outbound,
+    OutboundKind,
+)
+from gateway import notices
+from gateway.agents import AgentDirectory, IdentityVerdict
+from gateway.commands import CancelNotice, Commands, parse_command
+from gateway.config import GatewayConfig, parse_address
+from gateway.guards import PairBudget, RecentSet
+from gateway.logs import ids
+from gateway.metrics import Metrics
+from gateway.outbox import Outbox
+from protocol import (
+    DEPTH_BOUNDED_TYPES,
+    Depth,
+    Message,
+    Status,
+    build_response,
+    fingerprint,
+    parse,
+    render,
+    verify,
+)
+from state.records import Conversation, ConvStatus, Origin, Outcome
+from state.store import ConversationStore
+
+log = logging.getLogger("bpgw.gateway.pipeline")
+
+
+@dataclass(frozen=True)
+class _Rejection:
+    """Why one message was refused: what to count and what to tell the sender."""
+
+    kind: str  # metrics/violation kind: impersonation, signature, depth, loop, ...
+    reason: str
+    violation: bool = True
+
+
+class Pipeline:
+    """Processes envelopes from every transport and relays what they carry."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: ConversationStore,
+        directory: AgentDirectory,
+        outbox: Outbox,
+        metrics: Metrics,
+        commands: Commands,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._directory = directory
+        self._outbox = outbox
+        self._metrics = metrics
+        self._commands = commands
+        self._name = config.gateway.name
+        policy = config.policy
+        self._recent = RecentSet(policy.dedupe_window_seconds)
+        self._budget = PairBudget(
+            policy.pair_budget_messages,
+            policy.pair_budget_window_seconds,
+            policy.pair_cooldown_seconds,
+        )
+        self._mirrors = [parse_address(m) for m in config.mirrors]
+
+    # -- entry points -------------------------------------------------------------
+
+    async def handle(self, env: Envelope) -> Disposition:
+        """Run one inbound envelope through the pipeline."""
+        if env.author.is_self or env.relayed or self._outbox.is_echo(env.transport, env.native_id):
+            return self._count(
+                Disposition("dropped", "the gateway's own message or a relayed copy")
+            )
+        command = parse_command(env.text, self._config.gateway.command_prefix)
+        if command is not None:
+            result = await self.command(
+                CommandRequest(
+                    env.transport,
+                    env.channel,
+                    env.author,
+                    command[0],
+                    command[1],
+                    thread=env.thread,
+                )
+            )
+            adapter = self._outbox.adapter(env.transport)
+            text = adapter.render_command_result(result) if adapter else result.to_text()
+            await self._notify(env.address, text, reply_to=env.native_id)
+            return self._count(Disposition("command", result.title))
+        parsed = parse(env.text, max_block_bytes=self._config.policy.max_block_bytes)
+        if not parsed.found_block:
+            return self._count(Disposition("ignored", "no protocol block"))
+        results: list[Disposition] = []
+        if parsed.errors:
+            log.info(
+                "malformed protocol block",
+                extra={
+                    "transport": env.transport,
+                    "channel": env.channel,
+                    "native_id": env.native_id,
+                    "reason": parsed.errors[0].code,
+                },
+            )
+            await self._notify(
+                env.address, notices.malformed(parsed.errors), reply_to=env.native_id
+            )
+            results.append(
+                Disposition(
+                    "malformed",
+                    "; ".join(e.message for e in parsed.errors),
+                    errors=tuple(e.to_dict() for e in parsed.errors),
+                )
+            )
+        for msg in parsed.messages:
+            results.append(await self._handle_message(env, msg))
+        return self._count(_combine(results))
+
+    async def command(self, cmd: CommandRequest) -> CommandResult:
+        """Run an operator command (from text or a native slash command)."""
+        return await self._commands.run(cmd)
+
+    async def on_timeout(self, conv: Conversation) -> None:
+        """Sweep callback: tell the origin thread, and send the requester a failed RESPONSE."""
+        waited = time.time() - conv.updated_at
+        origin = _origin_address(conv)
+        await self._notify(
+            origin,
+            notices.timed_out(conv.request_id, conv.trace_id, conv.owes_reply, waited, conv.kind),
+            reply_to=conv.origin.native_id,
+            request_id=conv.request_id,
+            trace_id=conv.trace_id,
+        )
+        await self._gateway_response(
+            conv,
+            to=conv.requester,
+            status=Status.FAILED,
+            result=(
+                f"Timed out: no answer from @{conv.owes_reply} after "
+                f"{notices.format_duration(waited)}. TraceId: {conv.trace_id or '-'}"
+            ),
+            also=(origin,),
+        )
+        log.info(
+            "conversation timed out",
+            extra={
+                "request_id": conv.request_id,
+                "trace_id": conv.trace_id,
+                "recipient": conv.owes_reply,
+            },
+        )
+
+    async def on_cancel(self, notice: CancelNotice) -> None:
+        """After an operator's cancel: tell the requester and the assignee."""
+        conv = notice.conversation
+        result = f"Cancelled by {notice.by}: {notice.reason}"
+        await self._gateway_response(
+            conv,
+            to=conv.requester,
+            status=Status.CANCELLED,
+            result=result,
+            also=(_origin_address(conv),),
+        )
+        if conv.assignee.casefold() not in (conv.requester.casefold(), "all"):
+            await self._gateway_response(
+                conv, to=conv.assignee, status=Status.CANCELLED, result=result
+            )
+
+    # -- one message ----------------------------------------------------------------
+
+    async def _handle_message(self, env: Envelope, msg: Message) -> Disposition:
+        rejection = await self._authenticate(env, msg)
+        if rejection is None and msg.type in DEPTH_BOUNDED_TYPES and msg.depth.at_limit:
+            rejection = _Rejection(
+                "depth",
+                f"{msg.type} at depth {msg.depth} is over the limit: at current == max only "
+                "a RESPONSE may be sent",
+            )
+        if rejection is not None:
+            return await self._reject(env, msg, rejection)
+        fp = fingerprint(msg)
+        if fp in self._recent:
+            return Disposition("duplicate", "seen recently; not relayed again", (msg.request_id,))
+        if not msg.is_broadcast:
+            budget = self._budget.check(msg.sender, msg.to)
+            if not budget.allowed:
+                reason = (
+                    f"@{msg.sender} and @{msg.to} exceeded "
+                    f"{self._config.policy.pair_budget_messages} messages per "
+                    f"{self._config.policy.pair_budget_window_seconds:g}s; relaying between them "
+                    f"resumes in {budget.retry_after:.0f}s"
+                )
+                return await self._reject(
+                    env, msg, _Rejection("loop", reason), notify=budget.tripped
+                )
+        origin = Origin(env.transport, env.channel, env.thread, env.native_id)
+        applied = await self._store.apply(msg, origin)
+        extra = ids(msg, transport=env.transport, outcome=str(applied.outcome))
+        if applied.outcome is Outcome.DUPLICATE:
+            self._recent.add(fp)
+            log.info("duplicate message counted once", extra=extra)
+            return Disposition("duplicate", applied.reason, (msg.request_id,))
+        if applied.outcome is Outcome.DEPTH:
+            return await self._reject(
+                env, msg, _Rejection("depth", applied.reason), conv=applied.conversation
+            )
+        if applied.outcome in (Outcome.CONFLICT, Outcome.ILLEGAL):
+            return await self._reject(
+                env, msg, _Rejection(str(applied.outcome), applied.reason, violation=False)
+            )
+        self._recent.add(fp)
+        delivered = await self._relay(msg, env.address, applied.conversation)
+        if not delivered and not msg.is_broadcast:
+            await self._notify(
+                env.address,
+                notices.rejected(
+                    f"delivery of {msg.type} to @{msg.to}",
+                    f"@{msg.to} has no known address; declare it under [agents.{msg.to}] "
+                    "addresses (the conversation is tracked)",
+                    msg.request_id,
+                    msg.trace_id,
+                ),
+                reply_to=env.native_id,
+            )
+        log.info("message accepted", extra={**extra, "reason": f"relayed to {len(delivered)}"})
+        detail = "orphan RESPONSE kept" if applied.outcome is Outcome.ORPHAN else "applied"
+        return Disposition(
+            "accepted", f"{detail}; relayed to {len(delivered)} address(es)", (msg.request_id,)
+        )
+
+    async def _authenticate(self, env: Envelope, msg: Message) -> _Rejection | None:
+        verdict = await self._directory.check_sender(msg.sender, env.identity, env.address)
+        if verdict is IdentityVerdict.UNDECLARED:
+            return _Rejection(
+                "undeclared",
+                f"@{msg.sender} is not a declared agent (policy: pin); declare it under [agents]",
+            )
+        if verdict is IdentityVerdict.IMPERSONATION:
+            return _Rejection("impersonation", f"{env.identity} may not speak as @{msg.sender}")
+        key = self._directory.public_key(msg.sender)
+        if key is not None:
+            if msg.signature is None:
+                return _Rejection(
+                    "signature", f"@{msg.sender} must sign its messages (Signature field missing)"
+                )
+            if not verify(msg, key):
+                return _Rejection("signature", f"the Signature does not verify for @{msg.sender}")
+        return None
+
+    async def _reject(
+        self,
+        env: Envelope,
+        msg: Message,
+        why: _Rejection,
+        *,
+        notify: bool = True,
+        conv: Conversation | None = None,
+    ) -> Disposition:
+        log.warning(
+            "message rejected: %s",
+            why.reason,
+            extra=ids(msg, transport=env.transport, identity=env.identity, outcome=why.kind),
+        )
+        if why.violation:
+            await self._metrics.record_violation(why.kind)
+        if notify:
+            await self._notify(
+                env.address,
+                notices.rejected(
+                    f"{msg.type} from @{msg.sender}", why.reason, msg.request_id, msg.trace_id
+                ),
+                reply_to=env.native_id,
+            )
+        if why.kind == "depth" and self._config.policy.close_on_depth_violation:
+            await self._close_on_depth(env, msg, why.reason, conv)
+        return Disposition("rejected", f"{why.kind}: {why.reason}", (msg.request_id,))
+
+    async def _close_on_depth(
+        self, env: Envelope, msg: Message, reason: str, conv: Conversation | None
+    ) -> None:
+        """Fail the conversation so nobody waits forever for a chain that was cut."""
+        if conv is None:
+            conv = await self._store.get(msg.request_id, with_history=False)
+        result = f"Depth limit: {reason}"
+        if conv is None:
+            # A new REQUEST already at the limit: no conversation to close, but its sender
+            # still gets a failed RESPONSE instead of waiting for an answer.
+            reply = build_response(
+                sender=self._name,
+                to=msg.sender,
+                request_id=msg.request_id,
+                status=Status.FAILED,
+                result=result,
+                trace_id=msg.trace_id,
+                depth=msg.depth,
+            )
+            await self._relay(reply, None, None, also=(env.address,))
+            return
+        if conv.is_terminal:
+            return
+        closed = await self._store.close(
+            conv.request_id, status=ConvStatus.FAILED, by=self._name, reason=result
+        )
+        if closed.outcome is Outcome.APPLIED:
+            await self._gateway_response(
+                conv,
+                to=conv.requester,
+                status=Status.FAILED,
+                result=result,
+                also=(_origin_address(conv),),
+            )
+
+    # -- routing and relay ------------------------------------------------------------
+
+    async def _targets(
+        self, msg: Message, seen_at: Address | None, conv: Conversation | None
+    ) -> list[tuple[Address, str | None]]:
+        """Where ``msg`` must be delivered, with the agent each address is for."""
+        wanted: list[tuple[Address, str | None]] = []
+        if msg.is_broadcast:
+            for name, addresses in (await self._directory.all_addresses()).items():
+                if name.casefold() != msg.sender.casefold():
+                    wanted.extend((a, name) for a in addresses)
+        else:
+            wanted.extend((a, msg.to) for a in await self._directory.addresses(msg.to))
+        wanted.extend((m, None) for m in self._mirrors)
+        out: list[tuple[Address, str | None]] = []
+        seen: set[tuple[str, str]] = set()
+        if seen_at is not None:
+            # Already visible there: everyone in that channel saw the original.
+            seen.add((seen_at.transport, seen_at.channel))
+        for address, recipient in wanted:
+            key = (address.transport, address.channel)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((_in_thread(address, conv), recipient))
+        return out
+
+    async def _relay(
+        self,
+        msg: Message,
+        seen_at: Address | None,
+        conv: Conversation | None,
+        *,
+        also: tuple[Address, ...] = (),
+    ) -> list[Address]:
+        """Send ``msg`` to its targets (plus ``also``); returns where it was delivered."""
+        targets = await self._targets(msg, seen_at, conv)
+        have = {(a.transport, a.channel) for a, _ in targets}
+        for extra_addr in also:
+            if (extra_addr.transport, extra_addr.channel) not in have:
+                have.add((extra_addr.transport, extra_addr.channel))
+                targets.append((extra_addr, None))
+        text = render(msg)
+        delivered: list[Address] = []
+        for address, recipient in targets:
+            receipt = await self._outbox.send(
+                Outbound(
+                    address,
+                    text,
+                    OutboundKind.PROTOCOL,
+                    recipient=recipient,
+                    reply_to=_reply_to(address, conv),
+                    request_id=msg.request_id,
+                    trace_id=msg.trace_id,
+                    message=msg,
+                )
+            )
+            if receipt is not None:
+                delivered.append(address)
+        return delivered
+
+    async def _gateway_response(
+        self,
+        conv: Conversation,
+        *,
+        to: str,
+        status: Status,
+        result: str,
+        also: tuple[Address, ...] = (),
+    ) -> None:
+        """A RESPONSE from the gateway itself (timeouts, cancels, depth closes)."""
+        depth = Depth(current=min(conv.depth_current + 1, conv.depth_max), max=conv.depth_max)
+        reply = build_response(
+            sender=self._name,
+            to=to,
+            request_id=conv.request_id,
+            status=status,
+            result=result,
+            trace_id=conv.trace_id,
+            depth=depth,
+        )
+        await self._relay(reply, None, conv, also=also)
+
+    async def _notify(
+        self,
+        address: Address,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        request_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> None:
+        await self._outbox.send(
+            Outbound(
+                address,
+                text,
+                OutboundKind.NOTICE,
+                reply_to=reply_to,
+                request_id=request_id,
+                trace_id=trace_id,
+            )
+        )
+
+    def _count(self, disposition: Disposition) -> Disposition:
+        self._metrics.count(disposition.outcome)
+        return disposition
+
+
+def _origin_address(conv: Conversation) -> Address:
+    o = conv.origin
+    return Address(o.transport, o.channel, o.thread)
+
+
+def _in_thread(address: Address, conv: Conversation | None) -> Address:
+    """Put replies into the thread where the conversation started, on that channel."""
+    if conv is None or address.thread:
+        return address
+    o = conv.origin
+    if o.thread and address.transport == o.transport and address.channel == o.channel:
+        return Address(address.transport, address.channel, o.thread)
+    return address
+
+
+def _reply_to(address: Address, conv: Conversation | None) -> str | None:
+    if conv is None:
+        return None
+    o = conv.origin
+    if address.transport == o.transport and address.channel == o.channel:
+        return o.native_id
+    return None
+
+
+_SEVERITY = ("accepted", "duplicate", "ignored", "rejected", "malformed")
+
+
+def _combine(results: list[Disposition]) -> Disposition:
+    """One disposition for a chat message that held several blocks (the worst wins)."""
+    if not results:
+        return Disposition("ignored", "no protocol block")
+    if len(results) == 1:
+        return results[0]
+    worst = max(results, key=lambda d: _SEVERITY.index(d.outcome) if d.outcome in _SEVERITY else 0)
+    return Disposition(
+        worst.outcome,
+        "; ".join(d.detail for d in results if d.detail),
+        tuple(rid for d in results for rid in d.request_ids),
+        tuple(e for d in results for e in d.errors),
+    )
