@@ -536,3 +536,36 @@ async def test_port_in_use_reports_down(adapter: HttpAdapter, sink: RecordingSin
         await clash.start(sink)
     assert clash.health().state is HealthState.DOWN
     await clash.stop()
+
+
+async def test_two_pollers_share_one_message(adapter: HttpAdapter, api: Api) -> None:
+    async def poll() -> list[str]:
+        _, body = await api.get("/v1/agents/alice/inbox?wait=1", ALICE)
+        return [m["text"] for m in body["messages"]]
+
+    polls = [asyncio.create_task(poll()) for _ in range(2)]
+    await asyncio.sleep(0.2)
+    await adapter.send(notice("alice", "only one"))
+    results = await asyncio.gather(*polls)
+    assert sorted(results) == [[], ["only one"]]
+
+
+async def test_401_names_the_scheme(api: Api) -> None:
+    async with api.session.get(f"{api.base}/v1/conversations") as resp:
+        assert resp.status == 401
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_restart_keeps_queued_messages(sink: RecordingSink) -> None:
+    transport = HttpAdapter("api", OPTIONS)
+    await transport.start(sink)
+    await transport.stop()
+    await transport.send(notice("alice", "while down"))
+    await transport.start(sink)
+    try:
+        async with aiohttp.ClientSession() as client:
+            _, body = await Api(client, transport.url).get("/v1/agents/alice/inbox", ALICE)
+        assert [m["text"] for m in body["messages"]] == ["while down"]
+        assert transport.health().state is HealthState.UP
+    finally:
+        await transport.stop()

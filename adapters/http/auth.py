@@ -38,7 +38,6 @@ class TokenAuth:
         self._entries: list[tuple[bytes, Caller]] = [
             (token.encode(), Caller(name, is_operator=False)) for name, token in agents.items()
         ] + [(token.encode(), Caller(name, is_operator=True)) for name, token in operators.items()]
-        self.agents = frozenset(agents)
 
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller a header authenticates, or None for a missing or unknown token."""
