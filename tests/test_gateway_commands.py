@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gwkit import make_config, memory, running, sent_to
 
 from adapters.base import OutboundKind
 from gateway.commands import parse_command
 from protocol import build_request, render, reply_clarify
+
+from gwkit import make_config, memory, running, sent_to
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from gwkit import make_config, memory, running, sent_to
 
 from adapters.base import OutboundKind
 from protocol import (
@@ -25,6 +24,8 @@ from protocol import (
     sign,
 )
 from state.records import ConvStatus
+
+from gwkit import make_config, memory, running, sent_to
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,0 +1,214 @@
+"""The gateway end to end over HTTP: a real aiohttp client against the real HTTP transport,
+routing to and from an in-process transport, and ``bpgw run`` / ``bpgw demo`` as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from adapters.base import OutboundKind
+from adapters.http import HttpAdapter
+from gateway.app import Gateway
+from protocol import build_request, parse, render, reply_response
+
+from gwkit import make_config, memory, running, sent_to
+from servers import free_port
+
+TOKENS = {"Lotbot": "tok-lotbot-1", "Mantis": "tok-mantis-1"}
+
+
+def _http_config(redis_url: str, namespace: str, tmp_path: Path) -> Any:
+    return make_config(
+        redis_url,
+        namespace,
+        tmp_path,
+        agents={
+            "Lotbot": {"addresses": ["web:Lotbot"], "identities": ["web:Lotbot"]},
+            "Mantis": {"addresses": ["side:mantis-room"], "identities": ["side:u-mantis"]},
+        },
+        transports={
+            "web": {
+                "kind": "http",
+                "port": 0,
+                "tokens": {"Lotbot": TOKENS["Lotbot"]},
+                "operator_tokens": {"admin": "tok-admin-1"},
+            },
+            "side": {"kind": "memory"},
+        },
+        permissions={"read": ["*"], "operators": ["web:admin"]},
+    )
+
+
+async def test_http_agent_and_chat_agent_talk_through_the_gateway(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    async with running(_http_config(redis_url, namespace, tmp_path)) as gw:
+        base = _url(gw)
+        side = memory(gw, "side")
+        auth = {"Authorization": f"Bearer {TOKENS['Lotbot']}"}
+        req = build_request(sender="Lotbot", to="Mantis", task="check disk")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{base}/v1/messages", json={"text": render(req)}, headers=auth
+            ) as resp:
+                body = await resp.json()
+                assert resp.status == 200 and body["outcome"] == "accepted", body
+            relayed = sent_to(side, "mantis-room", OutboundKind.PROTOCOL)
+            assert [parse(o.text).messages[0] for o in relayed] == [req]
+
+            answer = reply_response(req, sender="Mantis", status="done", result="42% used")
+            d = await side.inject(render(answer), author_id="u-mantis", channel="mantis-room")
+            assert d.outcome == "accepted"
+            async with http.get(
+                f"{base}/v1/agents/Lotbot/inbox", params={"wait": "5"}, headers=auth
+            ) as resp:
+                inbox = await resp.json()
+            got = [parse(m["text"]).messages[0] for m in inbox["messages"]]
+            assert got == [answer]
+
+            async with http.get(f"{base}/v1/conversations/{req.request_id}", headers=auth) as resp:
+                conv = await resp.json()
+            assert conv["status"] == "done"
+            assert [e["type"] for e in conv["history"]] == ["REQUEST", "RESPONSE"]
+            assert [e["transport"] for e in conv["history"]] == ["web", "side"]
+
+            async with http.post(
+                f"{base}/v1/commands",
+                json={"text": "/protocol status"},
+                headers={"Authorization": "Bearer tok-admin-1"},
+            ) as resp:
+                status = await resp.json()
+            assert status["ok"] and "done: 1" in json.dumps(status)
+
+            async with http.get(f"{base}/healthz") as resp:
+                health = await resp.json()
+            assert resp.status == 200 and health["transports"]["web"]["state"] == "up"
+
+
+async def test_http_malformed_and_impersonation_are_4xx_with_reasons(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    async with running(_http_config(redis_url, namespace, tmp_path)) as gw:
+        base = _url(gw)
+        auth = {"Authorization": f"Bearer {TOKENS['Lotbot']}"}
+        async with aiohttp.ClientSession() as http:
+            bad = "```\n[REQUEST → @Mantis]\nFrom: Lotbot\nRequestId: r-1\n```"
+            async with http.post(f"{base}/v1/messages", json={"text": bad}, headers=auth) as resp:
+                body = await resp.json()
+            assert resp.status == 422 and body["outcome"] == "malformed"
+            assert body["errors"][0]["code"] == "missing_field"
+            fake = build_request(sender="Mantis", to="Lotbot", task="pretend")
+            async with http.post(
+                f"{base}/v1/messages", json={"text": render(fake)}, headers=auth
+            ) as resp:
+                body = await resp.json()
+            assert resp.status == 422 and "impersonation" in body["detail"]
+            # The notices landed in Lotbot's own inbox (its HTTP address).
+            async with http.get(f"{base}/v1/agents/Lotbot/inbox", headers=auth) as resp:
+                inbox = await resp.json()
+            kinds = [m["kind"] for m in inbox["messages"]]
+            assert kinds == ["notice", "notice"]
+
+
+def _url(gw: Gateway) -> str:
+    adapter = gw.adapters["web"]
+    assert isinstance(adapter, HttpAdapter)
+    return adapter.url
+
+
+def _bpgw(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
+    env.pop("REDIS_URL", None)
+    proc = await asyncio.create_subprocess_exec(
+        *_bpgw("run", "--data-dir", str(tmp_path / "data"), "--port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):
+                try:
+                    async with http.get(f"{base}/healthz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("bpgw run never answered /healthz")
+            tokens = json.loads((tmp_path / "data" / "tokens.json").read_text())
+            req = build_request(sender="Lotbot", to="Mantis", task="hello")
+            async with http.post(
+                f"{base}/v1/messages",
+                json={"text": render(req)},
+                headers={"Authorization": f"Bearer {tokens['Lotbot']}"},
+            ) as resp:
+                assert (await resp.json())["outcome"] == "accepted"
+            async with http.get(
+                f"{base}/v1/agents/Mantis/inbox",
+                headers={"Authorization": f"Bearer {tokens['Mantis']}"},
+            ) as resp:
+                inbox = await resp.json()
+            assert [parse(m["text"]).messages[0] for m in inbox["messages"]] == [req]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    banner = out.decode()
+    assert f"http://127.0.0.1:{port}" in banner and "Lotbot" in banner
+    assert (tmp_path / "data" / "valkey").exists()
+
+
+def test_bpgw_demo_completes(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
+    done = subprocess.run(
+        _bpgw("demo", "--json"),
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    conv = json.loads(done.stdout)
+    assert conv["status"] == "done"
+    assert [e["type"] for e in conv["history"]] == [
+        "REQUEST",
+        "CLARIFY",
+        "RESPONSE",
+        "HANDOFF",
+        "RESPONSE",
+    ]
+    assert [e["status"] for e in conv["history"]] == [
+        "open",
+        "clarifying",
+        "open",
+        "handed_off",
+        "done",
+    ]
+
+
+def test_bad_config_fails_fast_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[policy]\nundeclared_agents = "sometimes"\n')
+    done = subprocess.run(
+        _bpgw("run", "--config", str(path)), capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert b"policy.undeclared_agents" in done.stderr
