@@ -52,7 +52,8 @@ EXCERPT_CHARS = 60
 """Characters of message text kept in each history event."""
 TASK_CHARS = 120
 """Characters of the task kept as the conversation's summary."""
-_LUA_DIR = Path(__file__).parent / "lua"
+LUA_DIR = Path(__file__).parent / "lua"
+"""Folder of the store's Lua scripts (common.lua holds the helpers every script shares)."""
 # Fixed display order of the active statuses (oldest-first listings merge these).
 _ACTIVE_ORDER = (ConvStatus.OPEN, ConvStatus.CLARIFYING, ConvStatus.HANDED_OFF)
 _TERMINAL_ORDER = tuple(s for s in ConvStatus if s in TERMINAL)
@@ -173,7 +174,7 @@ class Keys:
 
 def load_script(name: str) -> str:
     """Source of one store script: the shared helpers followed by its body."""
-    return (_LUA_DIR / "common.lua").read_text() + "\n" + (_LUA_DIR / f"{name}.lua").read_text()
+    return (LUA_DIR / "common.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
 
 
 class ConversationStore:
@@ -214,11 +215,22 @@ class ConversationStore:
     async def cancel(self, request_id: str, *, by: str, reason: str,
                      now: float | None = None) -> ApplyResult:
         """Cancel a conversation as an operator (from any non-terminal state)."""
+        return await self.close(request_id, status=ConvStatus.CANCELLED, by=by, reason=reason,
+                                now=now)
+
+    async def close(self, request_id: str, *, status: ConvStatus, by: str, reason: str,
+                    now: float | None = None) -> ApplyResult:
+        """End an active conversation in a terminal ``status`` on the gateway's own account.
+
+        The history records ``by`` and ``reason`` (event CANCEL for cancelled, else CLOSE).
+        """
+        if status not in TERMINAL:
+            raise ValueError(f"close needs a terminal status, not {status}")
         keys, args = self._call(
-            "CANCEL", request_id, by, "", 0, 0, "", "", "", _clip(reason, EXCERPT_CHARS), "",
-            Origin(transport="operator", channel=""), None, now,
+            "CLOSE", request_id, by, "", 0, 0, str(status), "", "",
+            _clip(reason, EXCERPT_CHARS), "", Origin(transport="gateway", channel=""), None, now,
         )
-        return self._result(request_id, None, "CANCEL", await self._apply(keys=keys, args=args))
+        return self._result(request_id, None, "CLOSE", await self._apply(keys=keys, args=args))
 
     def _message_call(self, msg: Message, origin: Origin, now: float | None) -> _Call:
         task, excerpt, priority = _message_text(msg)

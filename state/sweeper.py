@@ -67,34 +67,41 @@ class Sweeper:
     async def sweep(self, now: float | None = None) -> SweepReport:
         """Claim due conversations batch by batch and hand each to the callback."""
         at = time.time() if now is None else now
-        claimed, error = 0, None
-        try:
-            for _ in range(MAX_BATCHES_PER_SWEEP):
-                batch = await self.store.claim_due(now=at, limit=self.settings.sweep_batch)
-                for conv in batch:
-                    await self._notify(conv)
-                claimed += len(batch)
-                if len(batch) < self.settings.sweep_batch:
-                    break
-        except Exception as exc:  # Redis outage: log, report, retry next interval
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("timeout sweep failed after %d claims, will retry: %s", claimed, error)
+
+        async def step() -> int:
+            batch = await self.store.claim_due(now=at, limit=self.settings.sweep_batch)
+            for conv in batch:
+                await self._notify(conv)
+            return len(batch)
+
+        claimed, error = await self._batches(step, "timeout sweep")
         return self._report(SweepReport(claimed=claimed, purged=0, at=at, error=error))
 
     async def purge(self, now: float | None = None) -> SweepReport:
         """Remove terminal conversations older than the retention."""
         at = time.time() if now is None else now
-        purged, error = 0, None
+
+        async def step() -> int:
+            return await self.store.purge_expired(now=at, limit=self.settings.sweep_batch)
+
+        purged, error = await self._batches(step, "purge")
+        return self._report(SweepReport(claimed=0, purged=purged, at=at, error=error))
+
+    async def _batches(self, step: Callable[[], Awaitable[int]], what: str
+                       ) -> tuple[int, str | None]:
+        """Run ``step`` until a short batch; a Redis outage is logged and reported."""
+        done = 0
         try:
             for _ in range(MAX_BATCHES_PER_SWEEP):
-                removed = await self.store.purge_expired(now=at, limit=self.settings.sweep_batch)
-                purged += removed
-                if removed < self.settings.sweep_batch:
+                count = await step()
+                done += count
+                if count < self.settings.sweep_batch:
                     break
-        except Exception as exc:
+        except Exception as exc:  # Redis outage: log, report, retry next interval
             error = f"{type(exc).__name__}: {exc}"
-            log.warning("purge failed after %d removals, will retry: %s", purged, error)
-        return self._report(SweepReport(claimed=0, purged=purged, at=at, error=error))
+            log.warning("%s failed after %d items, will retry: %s", what, done, error)
+            return done, error
+        return done, None
 
     async def run_once(self, now: float | None = None) -> SweepReport:
         """One sweep and one purge, now; the combined report."""

@@ -202,7 +202,7 @@ async def test_cancel_records_who_and_why(store: ConversationStore) -> None:
         "CANCEL", "alice", "customer withdrew", T0 + 5)
     assert await store.load_by_agent() == {} and (await store.counts())["cancelled"] == 1
     unknown = await store.cancel("nope", by="alice", reason="x")
-    assert unknown.outcome is Outcome.ILLEGAL and "cannot be cancelled" in unknown.reason
+    assert unknown.outcome is Outcome.ILLEGAL and "cannot be closed" in unknown.reason
 
 
 async def test_idempotent_replay_changes_nothing(store: ConversationStore) -> None:
@@ -229,3 +229,15 @@ async def test_purge_removes_only_old_terminal(store: ConversationStore) -> None
     assert await store.get("old") is None and await store.get("new") is not None
     assert await store.get("live") is not None
     assert (await store.counts())["done"] == 1
+
+
+async def test_gateway_close_to_failed(store: ConversationStore) -> None:
+    await store.apply(request("r1"), ORIGIN, now=T0)
+    res = await store.close("r1", status=ConvStatus.FAILED, by="bpgw", reason="depth limit",
+                            now=T0 + 1)
+    assert res.outcome is Outcome.APPLIED and res.conversation is not None
+    assert res.conversation.status is ConvStatus.FAILED
+    assert (res.conversation.history[-1].type, res.conversation.history[-1].sender) == (
+        "CLOSE", "bpgw")
+    with pytest.raises(ValueError, match="terminal"):
+        await store.close("r1", status=ConvStatus.OPEN, by="bpgw", reason="x")

@@ -1,10 +1,141 @@
-"""Sub-commands of `bpgw` (placeholder until its issue lands)."""
+"""`bpgw status`, `bpgw show` and `bpgw sweep`: operator views of conversation state."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+
+from state.connection import open_redis
+from state.records import Conversation
+from state.settings import StateSettings
+from state.store import ConversationStore
+from state.sweeper import Sweeper
+
+ENV_URL = "BPGW_REDIS_URL"
+ENV_NAMESPACE = "BPGW_NAMESPACE"
+
+
+def settings_from_args(args: argparse.Namespace) -> StateSettings:
+    """The one place CLI options become StateSettings (a --config file hooks in here)."""
+    return StateSettings(redis_url=args.redis_url, namespace=args.namespace,
+                         data_dir=Path(args.data_dir))
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", default=os.environ.get(ENV_URL, "embedded"),
+                        help=f"redis://host:port/db or 'embedded' (env {ENV_URL})")
+    parser.add_argument("--namespace", default=os.environ.get(ENV_NAMESPACE, "bpgw"),
+                        help=f"key namespace (env {ENV_NAMESPACE})")
+    parser.add_argument("--data-dir", default=".bpgw",
+                        help="data folder of the embedded Valkey (default ./.bpgw)")
+
+
+def _with_store(args: argparse.Namespace,
+                body: Callable[[ConversationStore, StateSettings], Awaitable[int]]) -> int:
+    async def run() -> int:
+        settings = settings_from_args(args)
+        handle = await open_redis(settings)
+        try:
+            return await body(ConversationStore(handle.client, settings), settings)
+        finally:
+            await handle.close()
+
+    return asyncio.run(run())
+
+
+def _summary(conv: Conversation, now: float) -> dict[str, Any]:
+    return {"request_id": conv.request_id, "status": str(conv.status),
+            "owes_reply": conv.owes_reply, "requester": conv.requester,
+            "age_seconds": round(conv.age(now), 1), "deadline": conv.deadline,
+            "task": conv.task}
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Counts by status, the oldest open conversations and the load per agent."""
+    async def body(store: ConversationStore, _: StateSettings) -> int:
+        now = time.time()
+        counts = await store.counts()
+        oldest = [_summary(c, now) for c in await store.oldest_open(args.limit)]
+        load = await store.load_by_agent(args.limit)
+        if args.json:
+            _print_json({"counts": counts, "oldest_open": oldest, "load_by_agent": load})
+            return 0
+        print("conversations: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        print("oldest open:")
+        for row in oldest:
+            print(f"  {row['request_id']}  {row['status']:<10}  {row['age_seconds']:>9.0f}s"
+                  f"  waiting on {row['owes_reply']}  {row['task']}")
+        print("open load by agent:")
+        for agent, n in load.items():
+            print(f"  {agent}: {n}")
+        return 0
+
+    return _with_store(args, body)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """One conversation with its whole history."""
+    async def body(store: ConversationStore, _: StateSettings) -> int:
+        conv = await store.get(args.request_id)
+        if conv is None:
+            print(f"no conversation {args.request_id} is known")
+            return 1
+        if args.json:
+            _print_json(asdict(conv))
+            return 0
+        print(f"{conv.request_id}  {conv.kind}  {conv.status}  depth "
+              f"{conv.depth_current}/{conv.depth_max}  priority {conv.priority}")
+        print(f"  {conv.requester} -> {conv.assignee}; waiting on {conv.owes_reply}; "
+              f"deadline {conv.deadline}; origin {conv.origin.transport}/{conv.origin.channel}")
+        print(f"  task: {conv.task}")
+        for e in conv.history:
+            print(f"  {e.at:.3f}  {e.type:<9} {e.sender} -> {e.to}  "
+                  f"{e.depth_current}/{e.depth_max}  {e.status}  {e.excerpt}")
+        return 0
+
+    return _with_store(args, body)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run one timeout sweep and one purge now, printing the report."""
+    async def body(store: ConversationStore, settings: StateSettings) -> int:
+        async def report_timeout(conv: Conversation) -> None:
+            print(f"timed out: {conv.request_id} (waiting on {conv.history[-1].to})")
+
+        report = await Sweeper(store, report_timeout, settings).run_once()
+        _print_json(asdict(report)) if args.json else print(
+            f"claimed {report.claimed}, purged {report.purged}"
+            + (f", error: {report.error}" if report.error else ""))
+        return 1 if report.error else 0
+
+    return _with_store(args, body)
 
 
 def register(sub: Any) -> None:
-    """Add this module's sub-commands to the `bpgw` parser."""
-    del sub
+    """Add `status`, `show` and `sweep` to the `bpgw` parser."""
+    status = sub.add_parser("status", help="conversation counts, oldest open, load per agent")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--limit", type=int, default=10)
+    status.set_defaults(handler=cmd_status)
+    show = sub.add_parser("show", help="one conversation with its whole history")
+    show.add_argument("request_id", metavar="REQUEST_ID")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=cmd_show)
+    sweep = sub.add_parser("sweep", help="time out due conversations and purge old ones")
+    sweep.add_argument("--once", action="store_true", required=True,
+                       help="run one sweep now (the gateway runs them on a schedule)")
+    sweep.add_argument("--json", action="store_true")
+    sweep.set_defaults(handler=cmd_sweep)
+    for parser in (status, show, sweep):
+        _add_connection_options(parser)

