@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-from servers import PrivateValkey
 from test_state_helpers import ORIGIN, T0, request, response, store
 
 from state.records import Conversation, ConvStatus
 from state.settings import StateSettings
 from state.store import ConversationStore
 from state.sweeper import Sweeper
+
+from servers import PrivateValkey
 
 __all__ = ["store"]
 
