@@ -29,7 +29,7 @@ from protocol.models import (
     check_request_id,
     check_token,
 )
-from protocol.text import ZWSP, normalize_newlines, unescape_fences
+from protocol.text import ZWSP, join_value, normalize_newlines, unescape_fences
 from protocol.values import parse_depth, parse_priority, parse_status
 
 FENCE = "```"
@@ -201,6 +201,9 @@ def _token_checker(wire_key: str) -> Callable[[str], str]:
     return lambda value: check_token(value, f"a {wire_key}")
 
 
+# Converters whose errors already quote the value.
+_SELF_DESCRIBING = frozenset({"depth", "status", "priority", "urgency"})
+
 _CONVERTERS: dict[str, Callable[[str], object]] = {
     "from": check_name,
     "request_id": check_request_id,
@@ -257,7 +260,7 @@ def _read_block(
     weak: dict[str, str] = {}
     meta: list[tuple[str, str, bool]] = []
     for key, line_no, value_parts in entries:
-        value = value_parts[0].strip() if len(value_parts) == 1 else "\n".join(value_parts).strip()
+        value = join_value(value_parts)
         if ZWSP in value:
             value = unescape_fences(value)
         norm = _NORMALIZED.get(key) or normalize_key(key)
@@ -292,7 +295,7 @@ def _read_block(
                     "bad_depth" if canonical == "depth" else "bad_value",
                     number,
                     line_no,
-                    f"{WIRE_KEYS[canonical]}: {exc}.",
+                    _value_problem(canonical, value, exc),
                     canonical,
                 )
             )
@@ -318,12 +321,20 @@ def _read_block(
             )
         )
     if len(errors) > errors_before:
+        errors[errors_before:] = sorted(errors[errors_before:], key=lambda error: error.line)
         return None
 
     if meta:
         data["meta"] = tuple((key, value) for key, value, _ in meta)
     # Every value passed the model's own checks above, so skip a second validation.
     return MESSAGE_CLASSES[message_type].from_checked(data)  # type: ignore[return-value]
+
+
+def _value_problem(canonical: str, value: str, exc: ValueError) -> str:
+    """One sentence naming the field, the value and the rule it breaks."""
+    if canonical in _SELF_DESCRIBING:
+        return f"{exc}."
+    return f"{WIRE_KEYS[canonical]} {value[:40]!r} is not valid: {exc}."
 
 
 def _duplicate(

@@ -62,7 +62,10 @@ def _load_key(
 ) -> _K:
     raw = (data.encode("utf-8") if isinstance(data, str) else data).strip()
     if raw.startswith(b"-----BEGIN"):
-        key = from_pem(raw)
+        try:
+            key = from_pem(raw)
+        except ValueError as exc:
+            raise ValueError(f"not an Ed25519 {kind} key in PEM: {exc}") from None
         if not isinstance(key, key_type):
             raise ValueError(f"the PEM data holds a {kind} key that is not Ed25519")
         return key
