@@ -8,16 +8,16 @@ without WATCH/MULTI retries. Key layout and trade-offs: docs/state.md.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from protocol import fingerprint
 from protocol.models import (
     Broadcast,
     Clarify,
@@ -38,11 +38,6 @@ from state.records import (
     Outcome,
 )
 from state.settings import StateSettings
-
-# protocol/__init__ (with fingerprint) is being written alongside; see _fingerprint.
-_protocol_fingerprint: Callable[[Any], str] | None = getattr(
-    importlib.import_module("protocol"), "fingerprint", None
-)
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +60,7 @@ _Call = tuple[list[str], list[str | int | float]]
 
 def _fingerprint(msg: Message) -> str:
     """The protocol's transport-independent fingerprint, cut to FINGERPRINT_CHARS."""
-    if _protocol_fingerprint is not None:
-        return str(_protocol_fingerprint(msg))[:FINGERPRINT_CHARS]
-    # Interim until protocol.fingerprint lands: the same ingredients it uses.
-    import hashlib
-
-    content = json.dumps(
-        msg.model_dump(mode="json", exclude={"meta", "signature", "key_id"}), sort_keys=True
-    )
-    raw = "\x1f".join(
-        [str(msg.type), msg.request_id, msg.sender, str(msg.depth),
-         hashlib.sha256(content.encode()).hexdigest()]
-    )
-    return hashlib.sha256(raw.encode()).hexdigest()[:FINGERPRINT_CHARS]
+    return fingerprint(msg)[:FINGERPRINT_CHARS]
 
 
 def _clip(text: str | None, limit: int) -> str:
