@@ -60,12 +60,13 @@ def parse(text: str | bytes, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) 
     LF. Blocks are numbered from 1 in the order their fences open (ordinary code blocks
     count too); lines are numbered from 1 at the first line after the opening fence.
     """
-    if isinstance(text, bytes | bytearray | memoryview):
-        text = bytes(text).decode("utf-8", errors="replace")
-    elif not isinstance(text, str):
-        text = str(text)
+    if type(text) is not str:
+        if isinstance(text, bytes | bytearray | memoryview):
+            text = bytes(text).decode("utf-8", errors="replace")
+        else:
+            text = str(text)
     if FENCE not in text:
-        return ParseResult()
+        return ParseResult([], [], False)
     messages: list[Message] = []
     errors: list[ParseError] = []
     found = False
@@ -255,6 +256,7 @@ def _read_block(
 
     # 2. Match keys to fields; keep other keys (and a spare OriginalRequestId) as meta.
     keys = FIELD_KEYS[type_name]
+    normalized = dict(_NORMALIZED)  # grows with this block's own keys only
     values: dict[str, tuple[str, int]] = {}
     seen: dict[str, int] = {}
     weak: dict[str, str] = {}
@@ -263,7 +265,9 @@ def _read_block(
         value = join_value(value_parts)
         if ZWSP in value:
             value = unescape_fences(value)
-        norm = _NORMALIZED.get(key) or normalize_key(key)
+        norm = normalized.get(key)
+        if norm is None:
+            norm = normalized[key] = normalize_key(key)
         canonical = keys.get(norm)
         if canonical is None or norm in WEAK_ALIASES:
             if canonical is not None and norm in weak:
