@@ -59,6 +59,8 @@ class MemoryAdapter(Adapter):
         )
         self.channels = frozenset(self.settings.channels or ())
         self.sent: list[Outbound] = []
+        # Native ids of each ``sent`` entry, index for index (a platform's message ids).
+        self.sent_ids: list[str] = []
         self.received: list[Envelope] = []
         self._claimed: set[int] = set()
         self._changed = asyncio.Condition()
@@ -103,6 +105,7 @@ class MemoryAdapter(Adapter):
             for chunk in self.split_text(message.text):
                 self.sent.append(replace(message, text=chunk))
                 ids.append(self._new_id())
+                self.sent_ids.append(ids[-1])
             self._changed.notify_all()
         return Receipt(tuple(ids))
 
@@ -113,21 +116,25 @@ class MemoryAdapter(Adapter):
         author_id: str,
         display_name: str = "",
         is_bot: bool = True,
+        is_self: bool = False,
         channel: str = "main",
         thread: str | None = None,
+        native_id: str | None = None,
     ) -> Disposition:
         """Play one native message into the gateway and return what it did with it.
 
-        Raises ``ValueError`` for a channel not in ``channels``.
+        ``is_self`` marks the gateway's own post; ``native_id`` replays a message the
+        platform already knows (an echo of something sent). Raises ``ValueError`` for a
+        channel not in ``channels``.
         """
         self._check_channel(channel)
         envelope = Envelope(
             transport=self.name,
             channel=channel,
-            author=Author(id=author_id, display_name=display_name, is_bot=is_bot),
+            author=Author(id=author_id, display_name=display_name, is_bot=is_bot, is_self=is_self),
             text=text,
             thread=thread,
-            native_id=self._new_id(),
+            native_id=native_id or self._new_id(),
         )
         self.received.append(envelope)
         return await self.sink.on_envelope(envelope)

@@ -274,7 +274,12 @@ async def test_own_echoes_and_self_messages_are_dropped(cfg_args, redis_client) 
             relayed.text, author_id="bpgw-bot", is_self=True, channel="mantis-room"
         )
         assert d.outcome == "dropped"
-        assert len(side.sent) == 1
+        # The platform shows our relayed post again under the id we were given for it.
+        echo = await side.inject(
+            relayed.text, author_id="u-mantis", channel="mantis-room", native_id=side.sent_ids[0]
+        )
+        assert echo.outcome == "dropped"
+        assert len(side.sent) == 1 and len(chat.sent) == 0
 
 
 async def test_timeout_posts_notice_in_origin_thread_and_fails_requester(
