@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
 PORT_FILE = "port"
+# Connections one process opens at most. Callers beyond it wait (up to POOL_WAIT_SECONDS)
+# for a free connection instead of failing at once, so a burst of traffic queues rather
+# than erroring.
+POOL_MAX_CONNECTIONS = 64
+POOL_WAIT_SECONDS = 10.0
 
 
 @dataclass
@@ -79,7 +84,13 @@ async def open_redis(settings: StateSettings) -> RedisHandle:
     url = settings.redis_url
     if url == EMBEDDED:
         url, server = await asyncio.to_thread(_start_embedded, Path(settings.data_dir))
-    client: aioredis.Redis = aioredis.from_url(url, decode_responses=True)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        max_connections=POOL_MAX_CONNECTIONS,
+        timeout=POOL_WAIT_SECONDS,
+    )
+    client: aioredis.Redis = aioredis.Redis.from_pool(pool)
     try:
         await client.ping()
     except Exception:

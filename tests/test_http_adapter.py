@@ -202,6 +202,15 @@ async def test_post_plain_text_and_refusal_is_422(
     assert sink.envelopes[0].author.id == "bob"
 
 
+async def test_processing_error_is_503_so_the_agent_retries(
+    adapter: HttpAdapter, sink: RecordingSink, api: Api
+) -> None:
+    sink.disposition = Disposition("error", detail="state store unreachable")
+    status, body = await api.post("/v1/messages", ALICE, json={"text": "hello"})
+    assert status == 503
+    assert body["outcome"] == "error" and "unreachable" in body["detail"]
+
+
 async def test_native_ids_are_unique(adapter: HttpAdapter, api: Api) -> None:
     ids = set()
     for _ in range(3):

@@ -43,6 +43,9 @@ log = logging.getLogger("bpgw.adapters.http")
 
 # Dispositions answered with 422: the gateway looked at the message and refused it.
 REFUSED_OUTCOMES = frozenset({"malformed", "rejected"})
+# Dispositions answered with 503: the gateway could not process the message (its state
+# store is unreachable or overloaded); the agent should retry later.
+FAILED_OUTCOMES = frozenset({"error"})
 INBOX_MAX_BATCH = 1000
 DEFAULT_INBOX_BATCH = 100
 PAGE_MAX = 1000
@@ -203,7 +206,12 @@ class HttpAdapter(Adapter):
             disposition.outcome,
             extra={"request_id": ",".join(disposition.request_ids) or None},
         )
-        status = 422 if disposition.outcome in REFUSED_OUTCOMES else 200
+        if disposition.outcome in FAILED_OUTCOMES:
+            status = 503
+        elif disposition.outcome in REFUSED_OUTCOMES:
+            status = 422
+        else:
+            status = 200
         return web.json_response({"native_id": native_id, **disposition.to_dict()}, status=status)
 
     async def _get_inbox(self, request: web.Request) -> web.Response:
