@@ -7,17 +7,13 @@ private server is started on a free loopback port for the whole session.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from servers import PrivateNats, PrivateValkey  # noqa: E402
+from servers import PrivateNats, PrivateValkey
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

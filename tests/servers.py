@@ -96,7 +96,7 @@ class PrivateNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> PrivateNats:
-        log = open(self.data_dir / "nats.log", "ab")  # noqa: SIM115 - closed with the process
+        log = open(self.data_dir / "nats.log", "ab")  # the child keeps its own copy of the fd
         self._proc = subprocess.Popen(
             [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
              "-sd", str(self.data_dir / "js")],
