@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -33,8 +33,17 @@ class InboxMessage:
     at: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
+        """JSON-ready form (built by hand: ``dataclasses.asdict`` deep-copies and is slow)."""
+        return {
+            "id": self.id,
+            "text": self.text,
+            "kind": self.kind,
+            "request_id": self.request_id,
+            "trace_id": self.trace_id,
+            "reply_to": self.reply_to,
+            "thread": self.thread,
+            "at": self.at,
+        }
 
 
 class Inbox:
