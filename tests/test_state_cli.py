@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from test_state_helpers import ORIGIN, T0, clarify, request, store
@@ -44,3 +45,28 @@ async def test_status_show_sweep(store: ConversationStore, redis_url: str, names
 async def _to_thread(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     # The CLI runs its own event loop (asyncio.run), so it runs in a worker thread here.
     return await asyncio.to_thread(_run, capsys, *args)
+
+
+async def test_state_commands_read_the_gateway_config(
+    store: ConversationStore, redis_url: str, namespace: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await store.apply(request("cfg-1"), ORIGIN)
+    config = tmp_path / "gw.toml"
+    config.write_text(f'[state]\nredis_url = "{redis_url}"\nnamespace = "{namespace}"\n')
+
+    def run() -> tuple[int, str]:
+        code = main(["status", "--json", "--config", str(config)])
+        return code, capsys.readouterr().out
+
+    code, out = await asyncio.to_thread(run)
+    assert code == 0 and json.loads(out)["counts"]["open"] == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[state]\nnamespace = "has spaces"\n')
+
+    def run_bad() -> tuple[int, str]:
+        code = main(["status", "--config", str(bad)])
+        return code, capsys.readouterr().err
+
+    code, err = await asyncio.to_thread(run_bad)
+    assert code == 2 and "state.namespace" in err

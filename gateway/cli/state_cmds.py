@@ -5,42 +5,54 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.config import ConfigError, load_config
 from state.connection import open_redis
 from state.records import Conversation
 from state.settings import StateSettings
 from state.store import ConversationStore
 from state.sweeper import Sweeper
 
-ENV_URL = "BPGW_REDIS_URL"
-ENV_NAMESPACE = "BPGW_NAMESPACE"
-
 
 def settings_from_args(args: argparse.Namespace) -> StateSettings:
-    """The one place CLI options become StateSettings (a --config file hooks in here)."""
-    return StateSettings(redis_url=args.redis_url, namespace=args.namespace,
-                         data_dir=Path(args.data_dir))
+    """State settings as the gateway would use them: the config file (or defaults) with
+    ``BPGW_STATE__*`` environment overrides, then any explicit command-line option."""
+    settings = load_config(args.config).state_settings()
+    explicit = {
+        "redis_url": args.redis_url,
+        "namespace": args.namespace,
+        "data_dir": None if args.data_dir is None else Path(args.data_dir),
+    }
+    return replace(settings, **{k: v for k, v in explicit.items() if v is not None})
 
 
 def _add_connection_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=os.environ.get(ENV_URL, "embedded"),
-                        help=f"redis://host:port/db or 'embedded' (env {ENV_URL})")
-    parser.add_argument("--namespace", default=os.environ.get(ENV_NAMESPACE, "bpgw"),
-                        help=f"key namespace (env {ENV_NAMESPACE})")
-    parser.add_argument("--data-dir", default=".bpgw",
+    parser.add_argument("--config", type=Path, default=None,
+                        help="gateway config file (TOML); its [state] section is used")
+    parser.add_argument("--redis-url", default=None,
+                        help="redis://host:port/db or 'embedded' (default: from the config, "
+                        "env BPGW_STATE__REDIS_URL, else embedded)")
+    parser.add_argument("--namespace", default=None,
+                        help="key namespace (default: from the config, else bpgw)")
+    parser.add_argument("--data-dir", default=None,
                         help="data folder of the embedded Valkey (default ./.bpgw)")
 
 
 def _with_store(args: argparse.Namespace,
                 body: Callable[[ConversationStore, StateSettings], Awaitable[int]]) -> int:
-    async def run() -> int:
+    try:
         settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"bpgw: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> int:
         handle = await open_redis(settings)
         try:
             return await body(ConversationStore(handle.client, settings), settings)
