@@ -9,6 +9,7 @@ as its address, so replies can find it. Names compare case-insensitively.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -17,9 +18,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from adapters.base import Address
 from gateway.config import ConfigError, GatewayConfig, IdentityPolicy, parse_address
-from protocol import load_public_key
+from protocol import load_public_key, public_key_id
 
 log = logging.getLogger("bpgw.gateway.agents")
+
+# How long a replica trusts its cached copy of a registered key (or of its absence):
+# a key registered or removed through another replica takes effect within this time.
+KEY_CACHE_SECONDS = 10.0
 
 
 class IdentityVerdict(StrEnum):
@@ -56,6 +61,8 @@ class AgentDirectory:
         self._redis = redis
         self._identity_key = f"{key_prefix}:gw:identity"
         self._address_key = f"{key_prefix}:gw:address"
+        self._keys_key = f"{key_prefix}:gw:keys"
+        self._key_cache: dict[str, tuple[float, Ed25519PublicKey | None]] = {}
         self._declared: dict[str, Agent] = {}
         for name, section in config.agents.items():
             key = None
@@ -152,10 +159,56 @@ class AgentDirectory:
                 result[name] = [parse_address(_text(raw_addr))]
         return result
 
-    def public_key(self, name: str) -> Ed25519PublicKey | None:
-        """The Ed25519 key an agent must sign with, if it has one."""
+    async def public_key(self, name: str) -> Ed25519PublicKey | None:
+        """The Ed25519 key an agent must sign with: from config, else registered, else None."""
         agent = self.declared(name)
-        return agent.public_key if agent is not None else None
+        if agent is not None and agent.public_key is not None:
+            return agent.public_key
+        key = _key(name)
+        cached = self._key_cache.get(key)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        raw = await self._redis.hget(self._keys_key, key)
+        public = None
+        if raw is not None:
+            try:
+                public = load_public_key(_text(raw).encode())
+            except ValueError:
+                log.error(
+                    "registered key of @%s is unreadable; ignoring it", name, extra={"sender": name}
+                )
+        self._key_cache[key] = (now + KEY_CACHE_SECONDS, public)
+        return public
+
+    async def register_key(self, name: str, key_text: str | None) -> str | None:
+        """Register (or with None, remove) an agent's Ed25519 public key.
+
+        Returns the key's id. Raises ``ValueError`` for an unreadable key or for an
+        agent whose key is fixed in the config.
+        """
+        agent = self.declared(name)
+        if agent is not None and agent.public_key is not None:
+            raise ValueError(f"@{name}'s key is set in the config ([agents.{agent.name}])")
+        key = _key(name)
+        self._key_cache.pop(key, None)
+        if key_text is None:
+            await self._redis.hdel(self._keys_key, key)
+            return None
+        public = load_public_key(key_text.encode())
+        await self._redis.hset(self._keys_key, key, key_text)
+        return public_key_id(public)
+
+    async def registered_keys(self) -> dict[str, str]:
+        """Agent name -> key id of every registered (not configured) key."""
+        raw = await self._redis.hgetall(self._keys_key)
+        out: dict[str, str] = {}
+        for name, text in raw.items():
+            try:
+                out[_text(name)] = public_key_id(_text(text).encode())
+            except ValueError:
+                out[_text(name)] = "unreadable"
+        return out
 
     async def bindings(self) -> dict[str, str]:
         """Every identity binding (agent -> identity) made under TOFU."""

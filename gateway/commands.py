@@ -23,7 +23,7 @@ from state.store import ConversationStore
 log = logging.getLogger("bpgw.gateway.commands")
 
 READ_COMMANDS = frozenset({"status", "show", "list", "agents", "help"})
-OPERATOR_COMMANDS = frozenset({"cancel"})
+OPERATOR_COMMANDS = frozenset({"cancel", "key"})
 LIST_LIMIT = 25
 
 HELP_ROWS: tuple[tuple[str, str], ...] = (
@@ -32,6 +32,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("list [status] [agent]", f"up to {LIST_LIMIT} conversations, newest first"),
     ("agents", "declared and learned agents, where they live, who may speak as them"),
     ("cancel <RequestId> [reason]", "mark a conversation cancelled and tell both parties"),
+    ("key <agent> <public-key|remove>", "register an agent's Ed25519 key: it must then sign"),
     ("help", "this list"),
 )
 
@@ -110,6 +111,7 @@ class Commands:
             "list": self._list,
             "agents": self._agents,
             "cancel": self._cancel,
+            "key": self._key,
             "help": self._help,
         }.get(cmd.name)
         if handler is None:
@@ -266,6 +268,7 @@ class Commands:
     async def _agents(self, cmd: CommandRequest) -> CommandResult:
         load = await self._store.load_by_agent()
         bindings = await self._directory.bindings()
+        registered = await self._directory.registered_keys()
         everyone = await self._directory.all_addresses()
         rows: list[tuple[str, ...]] = []
         seen: set[str] = set()
@@ -277,7 +280,7 @@ class Commands:
                     "declared",
                     ", ".join(str(a) for a in agent.addresses) or "-",
                     ", ".join(sorted(agent.identities)) or bindings.get(agent.name.casefold(), "-"),
-                    "yes" if agent.public_key else "no",
+                    "config" if agent.public_key else registered.get(agent.name.casefold(), "no"),
                     str(load.get(agent.name, 0)),
                 )
             )
@@ -290,7 +293,7 @@ class Commands:
                     "learned",
                     ", ".join(str(a) for a in addresses),
                     bindings.get(name.casefold(), "-"),
-                    "no",
+                    registered.get(name.casefold(), "no"),
                     str(load.get(name, 0)),
                 )
             )
@@ -299,6 +302,32 @@ class Commands:
             fields=(("undeclared names", str(self._config.policy.undeclared_agents)),),
             columns=("agent", "kind", "addresses", "identities", "signs", "open load"),
             rows=tuple(rows),
+        )
+
+    async def _key(self, cmd: CommandRequest) -> CommandResult:
+        if len(cmd.args) != 2:
+            return CommandResult(
+                title="usage: /protocol key <agent> <public-key|remove>",
+                fields=(("public-key", "base64url of the raw 32 bytes (`bpgw keygen` writes it)"),),
+                ok=False,
+            )
+        agent, text = cmd.args[0].lstrip("@"), cmd.args[1]
+        try:
+            key_id = await self._directory.register_key(agent, None if text == "remove" else text)
+        except ValueError as exc:
+            return CommandResult(
+                title=f"cannot set @{agent}'s key", fields=(("why", str(exc)),), ok=False
+            )
+        log.info(
+            "agent key %s",
+            "removed" if key_id is None else "registered",
+            extra={"sender": agent, "identity": cmd.identity},
+        )
+        if key_id is None:
+            return CommandResult(title=f"@{agent} no longer has a registered key")
+        return CommandResult(
+            title=f"@{agent} must now sign its messages",
+            fields=(("KeyId", key_id), ("registered by", cmd.identity)),
         )
 
     async def _cancel(self, cmd: CommandRequest) -> CommandResult:

@@ -255,7 +255,7 @@ class Pipeline:
             )
         if verdict is IdentityVerdict.IMPERSONATION:
             return _Rejection("impersonation", f"{env.identity} may not speak as @{msg.sender}")
-        key = self._directory.public_key(msg.sender)
+        key = await self._directory.public_key(msg.sender)
         if key is not None:
             if msg.signature is None:
                 return _Rejection(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from adapters.base import OutboundKind
 from protocol import (
@@ -377,3 +379,30 @@ async def test_store_outage_is_an_error_disposition_not_a_crash(
             assert not result.ok
     finally:
         server.close()
+
+
+async def test_operator_registered_key_makes_an_agent_sign(cfg_args, redis_client) -> None:
+    private_pem, _ = generate_keypair()
+    private = load_private_key(private_pem)
+    raw_public = (
+        base64.urlsafe_b64encode(private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+        .decode()
+        .rstrip("=")
+    )
+    async with running(make_config(*cfg_args)) as gw:
+        chat = memory(gw, "chat")
+        refused = await chat.command("key", "Lotbot", raw_public, author_id="u-lot")
+        assert not refused.ok and "permission" in refused.title
+        bad = await chat.command("key", "Lotbot", "not-a-key", author_id="op")
+        assert not bad.ok
+        done = await chat.command("key", "@Lotbot", raw_public, author_id="op")
+        assert done.ok and dict(done.fields)["KeyId"]
+        d = await chat.inject(render(_request()), author_id="u-lot")
+        assert d.outcome == "rejected" and "must sign" in d.detail
+        d = await chat.inject(render(sign(_request(), private)), author_id="u-lot")
+        assert d.outcome == "accepted", d
+        agents = await chat.command("agents", author_id="x")
+        assert {r[0]: r[4] for r in agents.rows}["@Lotbot"] == dict(done.fields)["KeyId"]
+        removed = await chat.command("key", "Lotbot", "remove", author_id="op")
+        assert removed.ok
+        assert (await chat.inject(render(_request()), author_id="u-lot")).outcome == "accepted"
