@@ -56,6 +56,12 @@ _Convs = list[Conversation]
 _Orphans = list[tuple[str, list[Event]]]
 _Results = list[ApplyResult]
 _Call = tuple[list[str], list[str | int | float]]
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
+"""JSON with text as UTF-8 (one encoder made once: json.dumps with options builds one a call)."""
+_STATUSES: dict[str | bytes, ConvStatus] = {
+    **{s.value: s for s in ConvStatus}, **{s.value.encode(): s for s in ConvStatus}}
+_OUTCOMES: dict[str | bytes, Outcome] = {
+    **{o.value: o for o in Outcome}, **{o.value.encode(): o for o in Outcome}}
 
 
 def _fingerprint(msg: Message) -> str:
@@ -72,8 +78,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _opt(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
+def _log_extra(request_id: str, trace_id: str | None, outcome: Outcome, typ: str
+               ) -> dict[str, str | None]:
+    return {"request_id": request_id, "trace_id": trace_id, "outcome": str(outcome),
+            "message_type": typ}
 
 
 def _message_text(msg: MessageBase) -> tuple[str, str, str]:
@@ -97,16 +105,22 @@ def decode_conversation(request_id: str, blob: str | bytes, *, with_history: boo
                         ) -> Conversation:
     """Build a Conversation from its stored form (header line, then one line per event)."""
     text = _text(blob)
-    head, _, body = text.partition("\n")
-    h = json.loads(head)
-    history = tuple(decode_event(line) for line in body.splitlines()) if with_history else ()
+    if with_history:
+        # One json.loads for the header and every event: the lines are JSON arrays with
+        # no raw newline inside (JSON escapes it), so joining them with commas is exact.
+        rows = json.loads("[" + text.rstrip("\n").replace("\n", ",") + "]")
+        h = rows[0]
+        history = tuple(_event(e) for e in rows[1:])
+    else:
+        h = json.loads(text[:text.index("\n")])
+        history = ()
     return Conversation(
         request_id=request_id,
-        trace_id=_opt(h[0]),
+        trace_id=h[0] or None,
         kind=h[1],
         requester=h[2],
         assignee=h[3],
-        status=ConvStatus(h[4]),
+        status=_STATUSES[h[4]],
         depth_current=int(h[5]),
         depth_max=int(h[6]),
         priority=h[7],
@@ -114,18 +128,21 @@ def decode_conversation(request_id: str, blob: str | bytes, *, with_history: boo
         created_at=float(h[9]),
         updated_at=float(h[10]),
         deadline=float(h[11]) or None,
-        origin=Origin(transport=h[12], channel=h[13], thread=_opt(h[14]),
-                      native_id=_opt(h[15])),
+        origin=Origin(transport=h[12], channel=h[13], thread=h[14] or None,
+                      native_id=h[15] or None),
         history=history,
     )
 
 
+def _event(e: list[Any]) -> Event:
+    return Event(type=e[0], sender=e[1], to=e[2], depth_current=int(e[3]),
+                 depth_max=int(e[4]), status=e[5], transport=e[6], native_id=e[7] or None,
+                 at=float(e[8]), excerpt=e[9])
+
+
 def decode_event(line: str) -> Event:
     """Build an Event from one stored history line."""
-    e = json.loads(line)
-    return Event(type=e[0], sender=e[1], to=e[2], depth_current=int(e[3]),
-                 depth_max=int(e[4]), status=e[5], transport=e[6], native_id=_opt(e[7]),
-                 at=float(e[8]), excerpt=e[9])
+    return _event(json.loads(line))
 
 
 class Keys:
@@ -134,8 +151,7 @@ class Keys:
     def __init__(self, namespace: str) -> None:
         self.prefix = "{" + namespace + "}:"
         self.due = self.prefix + "due"
-        self.counts = self.prefix + "n"
-        self.load = self.prefix + "load"
+        self.agents = self.prefix + "ag"
         self.orphans = self.prefix + "orph"
 
     def conv(self, request_id: str) -> str:
@@ -170,6 +186,11 @@ class ConversationStore:
         self._apply = redis.register_script(load_script("apply"))
         self._claim = redis.register_script(load_script("claim"))
         self._purge = redis.register_script(load_script("purge"))
+        self._load = redis.register_script(load_script("load"))
+        t = settings.timeout_for
+        # The JSON tail of apply.lua's argument array that never changes for this store.
+        self._tail = json.dumps([t("REQUEST"), t("HANDOFF"), t("CLARIFY"), t("BROADCAST"),
+                                 settings.retention_seconds])[1:]
 
     # -- transitions ---------------------------------------------------------------
 
@@ -227,30 +248,29 @@ class ConversationStore:
     def _call(self, typ: str, request_id: str, sender: str, to: str, depth: int,
               max_depth: int, status: str, priority: str, task: str, excerpt: str,
               fp: str, origin: Origin, trace_id: str | None, now: float | None) -> _Call:
-        """KEYS and ARGV of apply.lua (argument order documented there)."""
+        """KEYS and ARGV of apply.lua: the prefix and one JSON array (order documented there)."""
         at = round(time.time() if now is None else now, 3)
-        t = self.settings.timeout_for
-        args: list[str | int | float] = [
-            self.keys.prefix, typ, request_id, sender, to, depth, max_depth, status, priority,
-            task, excerpt, fp, repr(at), t("REQUEST"), t("HANDOFF"), t("CLARIFY"),
-            t("BROADCAST"), origin.transport, origin.channel, origin.thread or "",
-            origin.native_id or "", trace_id or "", self.settings.retention_seconds,
-        ]
+        fields = _to_json([
+            typ, request_id, sender, to, depth, max_depth, status, priority, task, excerpt,
+            fp, at, origin.transport, origin.channel, origin.thread or "",
+            origin.native_id or "", trace_id or "",
+        ])
+        args: list[str | int | float] = [self.keys.prefix, fields[:-1] + ", " + self._tail]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
 
     def _result(self, request_id: str, trace_id: str | None, typ: str, raw: Any
                 ) -> ApplyResult:
-        outcome = Outcome(_text(raw[0]))
+        outcome = _OUTCOMES[raw[0]]
         conv = decode_conversation(request_id, raw[3]) if raw[3] else None
-        previous = ConvStatus(_text(raw[2])) if raw[2] else None
+        previous = _STATUSES[raw[2]] if raw[2] else None
         result = ApplyResult(outcome, _text(raw[1]), conv, previous)
-        extra = {"request_id": request_id, "trace_id": trace_id, "outcome": str(outcome),
-                 "message_type": typ}
         if outcome is Outcome.APPLIED:
-            log.debug("conversation %s: %s applied", request_id, typ, extra=extra)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("conversation %s: %s applied", request_id, typ,
+                          extra=_log_extra(request_id, trace_id, outcome, typ))
         else:
             log.info("conversation %s: %s %s: %s", request_id, typ, outcome, result.reason,
-                     extra=extra)
+                     extra=_log_extra(request_id, trace_id, outcome, typ))
         return result
 
     async def claim_due(self, *, now: float | None = None, limit: int = 1000
@@ -288,11 +308,20 @@ class ConversationStore:
         return decode_conversation(request_id, blob, with_history=with_history)
 
     async def counts(self) -> dict[str, int]:
-        """Conversations by status, plus live ``broadcast`` records and kept ``orphan`` ids."""
-        raw = await self.redis.hgetall(self.keys.counts)
-        counts = {str(s): 0 for s in ConvStatus} | {"broadcast": 0, "orphan": 0}
-        counts.update({_text(k): int(v) for k, v in raw.items()})
-        return counts
+        """Conversations by status, plus live ``broadcast`` records and kept ``orphan`` ids.
+
+        ZCARDs of the indices in one MULTI (a consistent snapshot); broadcasts are the
+        members of ``due`` that are not active conversations.
+        """
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for st in ConvStatus:
+                pipe.zcard(self.keys.status(st))
+            pipe.zcard(self.keys.due)
+            pipe.zcard(self.keys.orphans)
+            *by_status, due, orphans = [int(n) for n in await pipe.execute()]
+        counts = {str(st): n for st, n in zip(ConvStatus, by_status, strict=True)}
+        active = sum(counts[str(st)] for st in ACTIVE)
+        return counts | {"broadcast": max(0, due - active), "orphan": orphans}
 
     async def oldest_open(self, limit: int = 10) -> list[Conversation]:
         """The ``limit`` oldest active conversations (open, clarifying, handed off)."""
@@ -300,10 +329,8 @@ class ConversationStore:
 
     async def load_by_agent(self, limit: int = 50) -> dict[str, int]:
         """Active conversations each agent owes a reply on, busiest first."""
-        raw: Sequence[Any] = await self.redis.zrevrange(
-            self.keys.load, 0, limit - 1, withscores=True
-        )
-        return {_text(agent): int(score) for agent, score in raw}
+        raw = await self._load(args=[self.keys.prefix, limit])
+        return {_text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2)}
 
     async def list(self, *, status: str | None = None, agent: str | None = None,
                    offset: int = 0, limit: int = 50) -> _Convs:

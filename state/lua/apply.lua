@@ -1,28 +1,40 @@
 -- Apply one protocol message (or a CLOSE by an operator or the gateway) to one conversation, atomically.
 -- KEYS[1] conversation key, KEYS[2] orphan key.
--- ARGV: 1 prefix, 2 type, 3 request id, 4 from, 5 to, 6 depth, 7 max depth,
---   8 response status, 9 priority, 10 task, 11 excerpt, 12 fingerprint, 13 now,
---   14-17 timeouts REQUEST/HANDOFF/CLARIFY/BROADCAST, 18 transport, 19 channel,
---   20 thread, 21 native id, 22 trace id, 23 retention seconds
+-- ARGV[1] prefix; ARGV[2] one JSON array (one argument instead of 22 keeps the client's
+--   encoding cheap): 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
+--   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
+--   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
+--   18-21 timeouts REQUEST/HANDOFF/CLARIFY/BROADCAST, 22 retention seconds
 -- Returns {outcome, reason, previous status, record blob or false}.
+-- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD; any later step is GET + SET
+-- plus only the indices that change (see reindex in common.lua).
 local key = KEYS[1]
-local typ, id, from, to = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local dc, dm = tonumber(ARGV[6]), tonumber(ARGV[7])
-local fp, now = ARGV[12], tonumber(ARGV[13])
-local ev = {typ, from, to, dc, dm, '', ARGV[18], ARGV[21], now, ARGV[11], fp}
+local a = cjson.decode(ARGV[2])
+local typ, id, from, to = a[1], a[2], a[3], a[4]
+local dc, dm = a[5], a[6]
+local fp, now = a[11], a[12]
+local ev = {typ, from, to, dc, dm, '', a[13], a[16], now, a[10], fp}
 
-local blob = redis.call('GET', key)
-if not blob then
-  if typ == 'REQUEST' or typ == 'BROADCAST' then
-    local bc = typ == 'BROADCAST'
-    local st = bc and 'done' or 'open'
-    local deadline = now + tonumber(bc and ARGV[17] or ARGV[14])
-    local h = {ARGV[22], typ, from, to, st, dc, dm, ARGV[9], ARGV[10], now, now, deadline,
-               ARGV[18], ARGV[19], ARGV[20], ARGV[21]}
-    ev[6] = st
-    enter(id, h, now)
-    return {'applied', '', false, save(key, h, '', ev)}
+local blob
+if typ == 'REQUEST' or typ == 'BROADCAST' then
+  -- Write the new record only if the id is free; otherwise SET ... GET hands back the
+  -- stored one for the checks below (duplicate, conflict), so a REQUEST costs no GET.
+  local bc = typ == 'BROADCAST'
+  local st = bc and 'done' or 'open'
+  local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
+             now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16]}
+  ev[6] = st
+  local new = encode(h, '', ev)
+  blob = redis.call('SET', key, new, 'NX', 'GET')
+  if not blob then
+    enter(id, h)
+    return {'applied', '', false, new}
   end
+else
+  blob = redis.call('GET', key)
+end
+
+if not blob then
   if typ == 'RESPONSE' then
     local okey = KEYS[2]
     local old = redis.call('GET', okey)
@@ -32,10 +44,8 @@ if not blob then
     end
     ev[6] = 'orphan'
     redis.call('APPEND', okey, cjson.encode(ev) .. '\n')
-    redis.call('EXPIRE', okey, math.ceil(tonumber(ARGV[23])))
-    if redis.call('ZADD', P .. 'orph', now, id) == 1 then
-      redis.call('HINCRBY', P .. 'n', 'orphan', 1)
-    end
+    redis.call('EXPIRE', okey, math.ceil(a[22]))
+    redis.call('ZADD', P .. 'orph', now, id)
     return {'orphan', 'no conversation ' .. id .. ' is known here; the RESPONSE from ' .. from ..
             ' was kept as an orphan for review.', false, false}
   end
@@ -65,10 +75,10 @@ if not ACTIVE[st] then
           '; it takes no more messages. Open a new REQUEST to continue.', st, blob}
 end
 if typ == 'CLOSE' then
-  -- An operator's cancel or the gateway's own close: ARGV[8] is the terminal status.
-  ev[1] = ARGV[8] == 'cancelled' and 'CANCEL' or 'CLOSE'
+  -- An operator's cancel or the gateway's own close: field 7 is the terminal status.
+  ev[1] = a[7] == 'cancelled' and 'CANCEL' or 'CLOSE'
   ev[4], ev[5] = h[6], h[7]
-  return {'applied', '', st, move(key, id, h, body, ARGV[8], 0, now, ev)}
+  return {'applied', '', st, move(key, id, h, body, a[7], 0, now, ev)}
 end
 if dc ~= h[6] + 1 or dm ~= h[7] then
   return {'depth', 'conversation ' .. id .. ' is at depth ' .. h[6] .. '/' .. h[7] ..
@@ -83,9 +93,9 @@ h[6] = dc
 
 if typ == 'RESPONSE' then
   if st == 'clarifying' and from == h[3] then
-    return {'applied', '', st, move(key, id, h, body, 'open', now + tonumber(ARGV[14]), now, ev)}
+    return {'applied', '', st, move(key, id, h, body, 'open', now + a[18], now, ev)}
   end
-  local final = ARGV[8]
+  local final = a[7]
   if final == '' then final = 'done' end
   return {'applied', '', st, move(key, id, h, body, final, 0, now, ev)}
 end
@@ -99,10 +109,10 @@ if typ == 'CLARIFY' then
             ' to answer a question; answer it before asking another.', st, blob}
   end
   return {'applied', '', st,
-          move(key, id, h, body, 'clarifying', now + tonumber(ARGV[16]), now, ev, holder)}
+          move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder)}
 end
 if typ == 'HANDOFF' then
   return {'applied', '', st,
-          move(key, id, h, body, 'handed_off', now + tonumber(ARGV[15]), now, ev, to)}
+          move(key, id, h, body, 'handed_off', now + a[19], now, ev, to)}
 end
 return {'illegal', 'unknown message type ' .. typ .. '.', st, blob}

@@ -3,28 +3,61 @@
 -- Expired broadcasts are removed silently (nobody owes a reply on them).
 -- ARGV: 1 prefix, 2 now, 3 limit, 4 timeout excerpt prefix.
 -- Returns a flat list id1, blob1, id2, blob2, ... of the claimed conversations.
+-- One batch costs a fixed handful of commands, not a few per conversation: MGET the
+-- records, drop the claimed ranks from `due` at once, one ZREM per status and per
+-- agent owing replies, one ZADD into s:timeout, one MSET (sliced by 1000 items).
 local now, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local ids = redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, limit)
-local out = {}
-for _, id in ipairs(ids) do
-  local key = P .. 'c:' .. id
-  local blob = redis.call('GET', key)
-  if not blob then
-    redis.call('ZREM', P .. 'due', id)
-  else
+local due = P .. 'due'
+local ids = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, limit)
+if #ids == 0 then return {} end
+local keys = {}
+for i, id in ipairs(ids) do keys[i] = P .. 'c:' .. id end
+local blobs = {}
+sliced(keys, function(...)
+  for _, blob in ipairs(redis.call('MGET', ...)) do blobs[#blobs + 1] = blob end
+end)
+-- These are exactly ranks 0 .. #ids-1 of `due`; every one of them leaves it.
+redis.call('ZREMRANGEBYRANK', due, 0, #ids - 1)
+
+local by_status, by_agent, timed, writes, gone, out = {}, {}, {}, {}, {}, {}
+local function add(groups, name, id)
+  local list = groups[name]
+  if not list then
+    list = {}
+    groups[name] = list
+  end
+  list[#list + 1] = id
+end
+for i, id in ipairs(ids) do
+  local blob = blobs[i]
+  if blob then
     local h, body = split(blob)
     if h[2] == 'BROADCAST' then
-      leave(id, h)
-      redis.call('DEL', key)
-    elseif not ACTIVE[h[5]] then
-      redis.call('ZREM', P .. 'due', id)
-    else
+      gone[#gone + 1] = keys[i]
+    elseif ACTIVE[h[5]] then
       local who = owes(h)
-      local ev = {'TIMEOUT', 'bpgw', who, h[6], h[7], '', h[13], '', now,
+      add(by_status, h[5], id)
+      add(by_agent, who, id)
+      local ev = {'TIMEOUT', 'bpgw', who, h[6], h[7], 'timeout', h[13], '', now,
                   ARGV[4] .. who .. ' (was ' .. h[5] .. ')', ''}
+      h[5], h[11], h[12] = 'timeout', now, 0
+      local new = encode(h, body, ev)
+      timed[#timed + 1] = now
+      timed[#timed + 1] = id
+      writes[#writes + 1] = keys[i]
+      writes[#writes + 1] = new
       out[#out + 1] = id
-      out[#out + 1] = move(key, id, h, body, 'timeout', 0, now, ev)
+      out[#out + 1] = new
     end
   end
 end
+for st, list in pairs(by_status) do
+  sliced(list, function(...) redis.call('ZREM', P .. 's:' .. st, ...) end)
+end
+for who, list in pairs(by_agent) do
+  sliced(list, function(...) redis.call('ZREM', P .. 'a:' .. who, ...) end)
+end
+sliced(timed, function(...) redis.call('ZADD', P .. 's:timeout', ...) end)
+sliced(writes, function(...) redis.call('MSET', ...) end)
+sliced(gone, function(...) redis.call('DEL', ...) end)
 return out

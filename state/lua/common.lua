@@ -3,12 +3,13 @@
 -- Layout (P = "{namespace}:", every key shares the hash tag, so one slot):
 --   P.."c:"..id   string: header JSON array, "\n", then one JSON array per event + "\n"
 --   P.."o:"..id   string: orphan RESPONSE events (same event format), with a TTL
---   P.."due"      zset id -> deadline of every active conversation and broadcast
+--   P.."due"      zset id -> deadline of every active conversation and live broadcast
 --   P.."s:"..st   zset id -> created (active statuses) or terminal time (terminal ones)
 --   P.."a:"..who  zset id -> created of active conversations `who` owes a reply on
---   P.."load"     zset who -> number of active conversations `who` owes a reply on
---   P.."n"        hash status|"broadcast"|"orphan" -> count
+--   P.."ag"       set of agent names that may have an a:<who> index (pruned by purge)
 --   P.."orph"     zset id -> time an orphan was stored
+-- No counters: counts are ZCARDs of these indices (broadcasts = due - active), load is
+-- ZCARD of a:<who>, so a transition writes only the indices that really change.
 -- Header: 1 trace, 2 kind, 3 requester, 4 assignee, 5 status, 6 depth, 7 max depth,
 --   8 priority, 9 task, 10 created, 11 updated, 12 deadline (0 = none), 13 transport,
 --   14 channel, 15 thread, 16 native id
@@ -27,61 +28,62 @@ local function split(blob)
   return cjson.decode(string.sub(blob, 1, nl - 1)), string.sub(blob, nl + 1)
 end
 
--- Take a conversation out of the indices of its current status.
-local function leave(id, h)
-  if h[2] == 'BROADCAST' then
-    redis.call('ZREM', P .. 'due', id)
-    redis.call('HINCRBY', P .. 'n', 'broadcast', -1)
-    return
-  end
-  local st = h[5]
-  redis.call('ZREM', P .. 's:' .. st, id)
-  redis.call('HINCRBY', P .. 'n', st, -1)
-  if ACTIVE[st] then
-    local who = owes(h)
-    redis.call('ZREM', P .. 'a:' .. who, id)
-    if tonumber(redis.call('ZINCRBY', P .. 'load', -1, who)) <= 0 then
-      redis.call('ZREM', P .. 'load', who)
-    end
-  end
+local function encode(h, body, ev)
+  return cjson.encode(h) .. '\n' .. body .. cjson.encode(ev) .. '\n'
 end
 
--- Put a conversation into the indices of its (new) status.
-local function enter(id, h, now)
-  if h[2] == 'BROADCAST' then
-    redis.call('ZADD', P .. 'due', h[12], id)
-    redis.call('HINCRBY', P .. 'n', 'broadcast', 1)
-    return
-  end
-  local st = h[5]
-  redis.call('HINCRBY', P .. 'n', st, 1)
-  if ACTIVE[st] then
-    local who = owes(h)
-    redis.call('ZADD', P .. 's:' .. st, h[10], id)
+-- Index a new conversation (header h of a REQUEST or BROADCAST).
+local function enter(id, h)
+  if h[2] ~= 'BROADCAST' then
+    local who = h[4]
+    redis.call('ZADD', P .. 's:' .. h[5], h[10], id)
     redis.call('ZADD', P .. 'a:' .. who, h[10], id)
-    redis.call('ZINCRBY', P .. 'load', 1, who)
+    redis.call('SADD', P .. 'ag', who)
+  end
+  redis.call('ZADD', P .. 'due', h[12], id)
+end
+
+-- Re-index conversation `id` that was in status st0 owed by w0 and now has header h:
+-- only the indices that change are written.
+local function reindex(id, h, st0, w0, now)
+  local st = h[5]
+  local active = ACTIVE[st]
+  if st ~= st0 then
+    redis.call('ZREM', P .. 's:' .. st0, id)
+    redis.call('ZADD', P .. 's:' .. st, active and h[10] or now, id)
+  end
+  if active then
+    local who = owes(h)
+    if who ~= w0 then
+      redis.call('ZREM', P .. 'a:' .. w0, id)
+      redis.call('ZADD', P .. 'a:' .. who, h[10], id)
+      redis.call('SADD', P .. 'ag', who)
+    end
     redis.call('ZADD', P .. 'due', h[12], id)
   else
-    redis.call('ZADD', P .. 's:' .. st, now, id)
+    redis.call('ZREM', P .. 'a:' .. w0, id)
     redis.call('ZREM', P .. 'due', id)
   end
-end
-
-local function save(key, h, body, ev)
-  local blob = cjson.encode(h) .. '\n' .. body .. cjson.encode(ev) .. '\n'
-  redis.call('SET', key, blob)
-  return blob
 end
 
 -- Move conversation `id` (header h, events body) to status `st` with event ev;
--- `assignee` (optional) replaces the holder once the old indices are left.
+-- `assignee` (optional) replaces the holder. Returns the new record.
 local function move(key, id, h, body, st, deadline, now, ev, assignee)
-  leave(id, h)
+  local st0, w0 = h[5], owes(h)
   if assignee then h[4] = assignee end
   h[5] = st
   h[11] = now
   h[12] = deadline
   ev[6] = st
-  enter(id, h, now)
-  return save(key, h, body, ev)
+  reindex(id, h, st0, w0, now)
+  local blob = encode(h, body, ev)
+  redis.call('SET', key, blob)
+  return blob
+end
+
+-- Call f with the items of list in slices (Lua's unpack takes a few thousand at most).
+local function sliced(list, f)
+  for i = 1, #list, 1000 do
+    f(unpack(list, i, math.min(i + 999, #list)))
+  end
 end

@@ -1,24 +1,31 @@
--- Remove terminal conversations that ended before a cutoff, and forget old orphans.
+-- Remove terminal conversations that ended before a cutoff, forget old orphans, and
+-- drop agent names whose index is gone from the agent set.
 -- ARGV: 1 prefix, 2 cutoff, 3 limit, 4.. terminal statuses.
 -- Returns the number of conversations removed.
 local cutoff, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+
+-- Remove the oldest (score <= cutoff, at most n) members of zset `index` and their keys.
+local function drop(index, kind, n)
+  local ids = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff, 'LIMIT', 0, n)
+  if #ids == 0 then return 0 end
+  local keys = {}
+  for i, id in ipairs(ids) do keys[i] = P .. kind .. id end
+  sliced(keys, function(...) redis.call('DEL', ...) end)
+  redis.call('ZREMRANGEBYRANK', index, 0, #ids - 1)
+  return #ids
+end
+
 local removed = 0
 for i = 4, #ARGV do
-  local st = ARGV[i]
   if removed >= limit then break end
-  local ids = redis.call('ZRANGEBYSCORE', P .. 's:' .. st, '-inf', cutoff,
-                         'LIMIT', 0, limit - removed)
-  for _, id in ipairs(ids) do
-    redis.call('DEL', P .. 'c:' .. id)
-    redis.call('ZREM', P .. 's:' .. st, id)
-    redis.call('HINCRBY', P .. 'n', st, -1)
-  end
-  removed = removed + #ids
+  removed = removed + drop(P .. 's:' .. ARGV[i], 'c:', limit - removed)
 end
-local old = redis.call('ZRANGEBYSCORE', P .. 'orph', '-inf', cutoff, 'LIMIT', 0, limit)
-for _, id in ipairs(old) do
-  redis.call('ZREM', P .. 'orph', id)
-  redis.call('DEL', P .. 'o:' .. id)
-  redis.call('HINCRBY', P .. 'n', 'orphan', -1)
+drop(P .. 'orph', 'o:', limit)
+-- Every transition that gives an agent an index also SADDs its name, so dropping the
+-- names without one is safe and keeps the set as small as the agents really owing.
+for _, who in ipairs(redis.call('SMEMBERS', P .. 'ag')) do
+  if redis.call('EXISTS', P .. 'a:' .. who) == 0 then
+    redis.call('SREM', P .. 'ag', who)
+  end
 end
 return removed
