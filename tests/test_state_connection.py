@@ -1,0 +1,82 @@
+"""The store's Redis client: the pool still blocks and hands over, timeouts still hold."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from state import connection as conn
+from state.settings import StateSettings
+
+Client = Callable[..., aioredis.Redis]
+
+
+@pytest.fixture
+async def client_of(redis_url: str) -> AsyncIterator[Client]:
+    """Clients on the store's own pool class, with the options a test needs."""
+    made: list[aioredis.Redis] = []
+
+    def make(**options: object) -> aioredis.Redis:
+        pool = conn._Pool.from_url(redis_url, decode_responses=True, **options)
+        pool.connection_class = conn._Connection
+        client: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+async def test_open_redis_uses_the_fast_pool(redis_url: str) -> None:
+    handle = await conn.open_redis(StateSettings(redis_url=redis_url))
+    try:
+        pool = handle.client.connection_pool
+        assert isinstance(pool, conn._Pool) and pool.connection_class is conn._Connection
+        assert pool.max_connections == conn.POOL_MAX_CONNECTIONS
+        assert await handle.client.ping()
+    finally:
+        await handle.close()
+
+
+async def test_callers_beyond_the_pool_wait_and_all_get_served(
+        client_of: Client, namespace: str) -> None:
+    client = client_of(max_connections=2, timeout=10)
+    key = namespace + ":list"
+
+    async def blocked(i: int) -> object:
+        # Each BLPOP holds its connection 50 ms; 12 of them need the 2 connections in turn.
+        return await client.blpop([f"{key}:{i}"], timeout=0.05)
+
+    assert await asyncio.gather(*(blocked(i) for i in range(12))) == [None] * 12
+    pool = client.connection_pool
+    assert len(pool._in_use_connections) == 0 and len(pool._available_connections) == 2
+    await asyncio.gather(*(client.ping() for _ in range(50)))  # the quick path, then waits
+    assert len(pool._available_connections) == 2
+
+
+async def test_exhausted_pool_still_times_out(client_of: Client, namespace: str) -> None:
+    client = client_of(max_connections=1, timeout=0.2)
+    holder = asyncio.create_task(client.blpop([namespace + ":held"], timeout=1))
+    await asyncio.sleep(0.05)
+    with pytest.raises(RedisConnectionError, match="No connection available"):
+        await client.ping()
+    assert await holder is None
+    assert await client.ping()  # the connection came back to the pool
+
+
+async def test_reads_keep_their_timeout_and_big_commands_go_through(
+        client_of: Client, namespace: str) -> None:
+    client = client_of(max_connections=4, socket_timeout=0.2)
+    big = "x" * (conn.FAST_SEND_BYTES * 4)
+    await client.set(namespace + ":big", big)
+    assert await client.get(namespace + ":big") == big
+    with pytest.raises(RedisTimeoutError):
+        await client.blpop([namespace + ":never"], timeout=1)
+    assert await client.ping()
+    await client.delete(namespace + ":big")
