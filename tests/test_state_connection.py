@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from state import connection as conn
@@ -80,3 +81,14 @@ async def test_reads_keep_their_timeout_and_big_commands_go_through(
         await client.blpop([namespace + ":never"], timeout=1)
     assert await client.ping()
     await client.delete(namespace + ":big")
+
+
+def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
+    ours = conn._Connection()
+    theirs = aioredis.Connection()
+    for args in [("SET", "k", "é", 3, 1.5, b"\x00raw"), ("CONFIG GET", "maxmemory"),
+                 (b"CLIENT SETNAME", "x"), ("EVALSHA", "a" * 40, 2, "{n}:c:1", "{n}:o:1", "[1]"),
+                 ("SET", "k", memoryview(b"view"))]:
+        assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args))
+    with pytest.raises(DataError):
+        ours.pack_command("SET", "k", True)
