@@ -7,8 +7,9 @@ A message is immutable. Field names are the spec's canonical names; the sender i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -95,19 +96,21 @@ class Depth(BaseModel):
 
 def check_name(value: str) -> str:
     """Validate an agent name (sender or recipient, without the ``@``)."""
-    if not value or len(value) > NAME_MAX_LEN or not _NO_SPACE.fullmatch(value):
-        raise ValueError(f"a name is 1-{NAME_MAX_LEN} characters without white space")
-    return value
+    # The only printable white space is " ", so the str-method test settles most names.
+    if (
+        value
+        and len(value) <= NAME_MAX_LEN
+        and ((value.isprintable() and " " not in value) or _NO_SPACE.fullmatch(value))
+    ):
+        return value
+    raise ValueError(f"a name is 1-{NAME_MAX_LEN} characters without white space")
 
 
 def check_token(value: str, what: str, max_len: int = TOKEN_MAX_LEN) -> str:
     """Validate a single-token value: 1-max_len printable characters, no white space."""
-    if (
-        not value
-        or len(value) > max_len
-        or not _NO_SPACE.fullmatch(value)
-        or not value.isprintable()
-    ):
+    # Printable and without " " means without white space: " " is the only printable
+    # white-space character.
+    if not value or len(value) > max_len or not value.isprintable() or " " in value:
         raise ValueError(f"{what} is 1-{max_len} printable characters without white space")
     return value
 
@@ -138,7 +141,39 @@ def _clean_meta(type_name: str, meta: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-_DEFAULTS: dict[type[BaseModel], dict[str, Any]] = {}
+_CONSTRUCTORS: dict[type[BaseModel], Callable[[dict[str, Any]], Any]] = {}
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+# BaseModel's own slots, set directly (what pydantic's model_construct sets, minus the work).
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def checked_constructor(cls: type[_M]) -> Callable[[dict[str, Any]], _M]:
+    """The function behind `MessageBase.from_checked` for one class (see there)."""
+    construct = _CONSTRUCTORS.get(cls)
+    if construct is not None:
+        return construct
+    # Every field in declaration order; required ones are always in ``values``.
+    defaults = {
+        name: None if info.is_required() else info.get_default(call_default_factory=True)
+        for name, info in cls.model_fields.items()
+    }
+
+    def construct_checked(values: dict[str, Any]) -> _M:
+        obj = _new_object(cls)  # BaseModel has no __new__ of its own
+        _set_attribute(obj, "__dict__", {**defaults, **values})
+        _set_fields_set(obj, set(values))
+        _set_extra(obj, None)
+        _set_private(obj, None)
+        return obj
+
+    _CONSTRUCTORS[cls] = construct_checked
+    return construct_checked
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class MessageBase(BaseModel):
@@ -201,22 +236,7 @@ class MessageBase(BaseModel):
         calls this to skip a second validation pass (it is several times faster). Anyone
         else should construct models normally.
         """
-        defaults = _DEFAULTS.get(cls)
-        if defaults is None:
-            # Every field in declaration order; required ones are always in ``values``.
-            defaults = {
-                name: None if info.is_required() else info.get_default(call_default_factory=True)
-                for name, info in cls.model_fields.items()
-            }
-            _DEFAULTS[cls] = defaults
-        fields = dict(defaults)
-        fields.update(values)
-        obj = cls.__new__(cls)
-        object.__setattr__(obj, "__dict__", fields)
-        object.__setattr__(obj, "__pydantic_fields_set__", set(values))
-        object.__setattr__(obj, "__pydantic_extra__", None)
-        object.__setattr__(obj, "__pydantic_private__", None)
-        return obj
+        return checked_constructor(cls)(values)
 
     @property
     def is_broadcast(self) -> bool:

@@ -298,6 +298,13 @@ def test_too_large_is_configurable() -> None:
     assert parse(wide, max_block_bytes=chars + 110).errors == []
 
 
+def test_too_large_means_over_the_limit() -> None:
+    text = block("[REQUEST -> @a]", "From: b", "RequestId: r", "Task: x")
+    size = len(text) - 8  # the bytes between the fences (all ASCII)
+    assert parse(text, max_block_bytes=size).errors == []
+    assert [e.code for e in parse(text, max_block_bytes=size - 1).errors] == ["too_large"]
+
+
 def test_text_before_first_field_is_an_error() -> None:
     text = block("[REQUEST → @a]", "hello there", "From: b", "RequestId: r", "Task: t")
     assert errors_of(text) == [("bad_value", 1, 2, None)]
