@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import tempfile
@@ -224,7 +225,13 @@ def concurrency(url: str, processes: int = 4) -> tuple[float, float, int]:
     return applied / elapsed, attempts / elapsed, applied
 
 
+def emit_load(when: str) -> None:
+    """The machine's 1-minute load average: above the core count, numbers are pessimistic."""
+    emit(f"machine_load_{when}", os.getloadavg()[0], "load avg 1 min", cores=os.cpu_count())
+
+
 async def main(sizes: Sequence[int]) -> None:
+    emit_load("start")
     folder = Path(tempfile.mkdtemp(prefix="bpgw-bench-"))
     server = ValkeyServer(data_dir=folder, config={"save": "", "appendonly": "no"})
     await asyncio.to_thread(server.start, 20)
@@ -257,6 +264,7 @@ async def main(sizes: Sequence[int]) -> None:
         await handle.close()
         await asyncio.to_thread(server.stop)
         shutil.rmtree(folder, ignore_errors=True)
+    emit_load("end")
 
 
 if __name__ == "__main__":
