@@ -9,8 +9,6 @@ close the block.
 
 from __future__ import annotations
 
-from enum import Enum
-
 from protocol.fields import ATTRIBUTES, BODY_FIELDS, PRIORITY_TYPES, WIRE_KEYS
 from protocol.models import DEFAULT_VERSION, Message, MessageBase
 from protocol.text import escape_fences
@@ -18,42 +16,50 @@ from protocol.text import escape_fences
 
 def render_field(key: str, value: str) -> str:
     """One ``Key: value`` line (plus continuation lines) with fences escaped."""
-    value = escape_fences(value)
-    if "\n" in value:
-        value = "\n".join(f"  {line}" if line else line for line in value.split("\n")).removeprefix(
-            "  "
-        )
+    if "`" in value or "\n" in value:  # (two memchr scans; most values have neither)
+        value = escape_fences(value)
+        if "\n" in value:
+            value = "\n".join(
+                f"  {line}" if line else line for line in value.split("\n")
+            ).removeprefix("  ")
     return f"{key}: {value}"
 
 
-def _text(value: object) -> str:
-    return value.value if isinstance(value, Enum) else str(value)
+# Per type: (model attribute, wire key) of its own fields, in output order.
+_BODY: dict[str, tuple[tuple[str, str], ...]] = {
+    type_name: tuple((ATTRIBUTES[name], WIRE_KEYS[name]) for name in names)
+    for type_name, names in BODY_FIELDS.items()
+}
 
 
 def render_body(msg: Message | MessageBase, *, signature: bool = True) -> str:
     """The canonical lines of ``msg`` without the fences (and without Signature if asked)."""
-    type_name = getattr(msg, "type").value  # noqa: B009 - every concrete message has a type
+    # The field values straight from the instance dict; str() of a StrEnum is its value.
+    fields = msg.__dict__
+    type_name = str(fields["type"])
     lines = [
-        f"[{type_name} → @{escape_fences(msg.to)}]",
-        render_field("From", msg.sender),
-        render_field("RequestId", msg.request_id),
+        f"[{type_name} → @{escape_fences(fields['to'])}]",
+        render_field("From", fields["sender"]),
+        render_field("RequestId", fields["request_id"]),
     ]
-    for name in BODY_FIELDS[type_name]:
-        value = getattr(msg, ATTRIBUTES[name])
+    for attribute, key in _BODY[type_name]:
+        value = fields[attribute]
         if value is not None:
-            lines.append(render_field(WIRE_KEYS[name], _text(value)))
-    lines.append(f"Depth: {msg.depth}")
+            lines.append(render_field(key, str(value)))
+    depth = fields["depth"]
+    lines.append(f"Depth: {depth.current}/{depth.max}")
     if type_name in PRIORITY_TYPES:
-        lines.append(f"Priority: {_text(getattr(msg, 'priority'))}")  # noqa: B009
-    if msg.trace_id is not None:
-        lines.append(render_field("TraceId", msg.trace_id))
-    if msg.version != DEFAULT_VERSION:
-        lines.append(render_field("Protocol-Version", msg.version))
-    lines.extend(render_field(key, value) for key, value in msg.meta)
-    if msg.key_id is not None:
-        lines.append(render_field("KeyId", msg.key_id))
-    if signature and msg.signature is not None:
-        lines.append(render_field("Signature", msg.signature))
+        lines.append(f"Priority: {fields['priority']!s}")
+    if fields["trace_id"] is not None:
+        lines.append(render_field("TraceId", fields["trace_id"]))
+    if fields["version"] != DEFAULT_VERSION:
+        lines.append(render_field("Protocol-Version", fields["version"]))
+    if fields["meta"]:
+        lines.extend([render_field(key, value) for key, value in fields["meta"]])
+    if fields["key_id"] is not None:
+        lines.append(render_field("KeyId", fields["key_id"]))
+    if signature and fields["signature"] is not None:
+        lines.append(render_field("Signature", fields["signature"]))
     return "\n".join(lines)
 
 
