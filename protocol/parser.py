@@ -361,10 +361,12 @@ _INVALID = object()
 
 # What the parser knows of one field of one type:
 # (canonical name, model attribute or None for the weak OriginalRequestId alias,
-#  converter or None for free text, cache of converted values).
-_FieldEntry = tuple[str, str | None, Callable[[str], object] | None, dict[str, object]]
-_META: _FieldEntry = ("", None, None, {})  # a key the type does not read: kept as meta
-_NOT_A_KEY: _FieldEntry = ("", None, None, {})  # not key-shaped: the line continues a value
+#  converter or None for free text, cache of converted values or None when the values
+#  rarely repeat).
+_FieldEntry = tuple[str, str | None, Callable[[str], object] | None, dict[str, object] | None]
+# Two sentinels, told apart by identity (so they must not be equal constants).
+_META: _FieldEntry = ("(meta)", None, None, None)  # a key the type does not read
+_NOT_A_KEY: _FieldEntry = ("(not a key)", None, None, None)  # the line continues a value
 
 
 def _field_table(type_name: str) -> dict[str, _FieldEntry]:
@@ -372,11 +374,11 @@ def _field_table(type_name: str) -> dict[str, _FieldEntry]:
     table: dict[str, _FieldEntry] = {}
     for norm, canonical in FIELD_KEYS[type_name].items():
         attribute = None if norm in WEAK_ALIASES else ATTRIBUTES[canonical]
-        table[norm] = (canonical, attribute, _CONVERTERS.get(canonical), _CACHES[canonical])
+        table[norm] = (canonical, attribute, _CONVERTERS.get(canonical), _CACHES.get(canonical))
     return table
 
 
-_CACHES: dict[str, dict[str, object]] = {name: {} for name in WIRE_KEYS}
+_CACHES: dict[str, dict[str, object]] = {name: {} for name in _CACHED_FIELDS}
 
 # Per type: (name, field table, its cache of keys as written (`_key_entry`), required
 # (canonical, attribute) pairs, constructor).
@@ -481,6 +483,13 @@ def _read_block(
                                 pass
                             elif converter is None:
                                 data[attribute] = value
+                            elif cache is None:
+                                try:
+                                    data[attribute] = converter(value)
+                                except ValueError as exc:
+                                    _reject(
+                                        pending_entry, value, exc, pending, number, data, errors
+                                    )
                             elif value in cache:
                                 data[attribute] = cache[value]
                             else:
@@ -544,30 +553,42 @@ def _convert(
     data: dict[str, Any],
     errors: list[ParseError],
 ) -> None:
-    """Check ``value`` and store it under the model attribute, or add a ParseError."""
-    canonical, attribute, converter, cache = entry
+    """Check ``value`` and store it under the model attribute (and in the entry's cache),
+    or add a ParseError."""
+    _, attribute, converter, cache = entry
     assert attribute is not None and converter is not None
     try:
         converted = converter(value)
     except ValueError as exc:
-        data[attribute] = _INVALID
-        errors.append(
-            make_error(
-                "bad_depth" if canonical == "depth" else "bad_value",
-                number,
-                line_no,
-                _value_problem(canonical, value, exc),
-                canonical,
-            )
-        )
+        _reject(entry, value, exc, line_no, number, data, errors)
         return
     data[attribute] = converted
-    if (
-        canonical in _CACHED_FIELDS
-        and len(value) <= _CONVERTED_MAX_LEN
-        and len(cache) < _CONVERTED_MAX
-    ):
+    if cache is not None and len(value) <= _CONVERTED_MAX_LEN and len(cache) < _CONVERTED_MAX:
         cache[value] = converted
+
+
+def _reject(
+    entry: _FieldEntry,
+    value: str,
+    exc: ValueError,
+    line_no: int,
+    number: int,
+    data: dict[str, Any],
+    errors: list[ParseError],
+) -> None:
+    """Record a value that failed its check: present (not missing) but invalid."""
+    canonical, attribute, _, _ = entry
+    assert attribute is not None
+    data[attribute] = _INVALID
+    errors.append(
+        make_error(
+            "bad_depth" if canonical == "depth" else "bad_value",
+            number,
+            line_no,
+            _value_problem(canonical, value, exc),
+            canonical,
+        )
+    )
 
 
 def _join_continued(first: str, rest: list[str]) -> str:
