@@ -2,7 +2,7 @@
 
 Runs against a private Valkey it starts itself (never the machine's Redis):
 
-    python benchmarks/bench_state.py [--max-n 1000000]
+    python benchmarks/bench_state.py [--max-n 1000000] [--uvloop]
 
 Lines: name, value, unit, and target where the issue sets one.
 """
@@ -275,6 +275,15 @@ async def main(sizes: Sequence[int]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-n", type=int, default=1_000_000)
+    parser.add_argument("--uvloop", action="store_true",
+                        help="run on uvloop, as `bpgw run` does when it is installed")
     opts = parser.parse_args()
     wanted = [n for n in (1_000, 100_000, 1_000_000) if n <= opts.max_n] or [opts.max_n]
-    asyncio.run(main(wanted))
+    if opts.uvloop:
+        import uvloop
+
+        emit("event_loop", 0, "", loop="uvloop")
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main(wanted))
+    else:
+        asyncio.run(main(wanted))
