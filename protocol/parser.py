@@ -192,7 +192,9 @@ def _fenced_blocks(text: str) -> Iterator[tuple[int, list[str], bool, str]]:
             end = size
         # ``pos`` is the first fence of its line: everything after the last line end
         # looked at has no fence.
-        if pos == 0 or text[pos - 1] == "\n":
+        if end - pos == 3 and (pos == 0 or text[pos - 1] == "\n"):
+            opener = FENCE  # the usual bare ``` line
+        elif pos == 0 or text[pos - 1] == "\n":
             opener = text[pos:end]
         else:
             opener = text[text.rfind("\n", 0, pos) + 1 : end].lstrip()
@@ -215,10 +217,14 @@ def _fenced_blocks(text: str) -> Iterator[tuple[int, list[str], bool, str]]:
                 joined = text[body:]
                 yield number, (joined.split("\n") if end < size else []), False, joined
                 return
-            line_start = text.rfind("\n", 0, found) + 1
             search = text.find("\n", found)
             if search < 0:
                 search = size
+            if search - found == 3 and width == 3 and text[found - 1] == "\n":
+                line_start = found  # the usual bare ``` line closes the block
+                before = ""
+                break
+            line_start = text.rfind("\n", 0, found) + 1
             closer = text[line_start:search].rstrip()
             before = closer.rstrip("`")
             if len(closer) - len(before) >= width:
