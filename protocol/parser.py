@@ -238,8 +238,13 @@ def _fenced_blocks(text: str) -> Iterator[tuple[int, list[str], bool, str]]:
         if before and not before.isspace():
             joined = f"{joined}\n{before}" if content else before
             content.append(before)
-        yield number, content, True, joined
-        pos = _find_fence(text, search) if search < size else -1
+        if content:  # (an empty block is ordinary chat: nothing to yield)
+            yield number, content, True, joined
+        if search >= size:
+            return
+        pos = text.find("`", search)
+        if pos >= 0 and not text.startswith(FENCE, pos):
+            pos = text.find(FENCE, pos + 1)
 
 
 def _find_fence(text: str, start: int) -> int:
