@@ -64,6 +64,11 @@ def test_spec_example() -> None:
 def test_text_without_fence_is_no_block() -> None:
     result = parse("just chatting about [REQUEST → @Mantis] From: x")
     assert result == ParseResult(messages=[], errors=[], found_block=False)
+    # Such results are shared, so their (empty) lists refuse to grow.
+    assert isinstance(result.messages, list) and len(result.errors) == 0
+    with pytest.raises(TypeError):
+        result.errors.append(parse(block("[PING → @a]")).errors[0])
+    assert parse("`code` without a fence").errors == []
 
 
 def test_ordinary_code_block_is_not_an_error() -> None:
