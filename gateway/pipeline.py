@@ -140,11 +140,11 @@ class Pipeline:
 
     async def on_timeout(self, conv: Conversation) -> None:
         """Sweep callback: tell the origin thread, and send the requester a failed RESPONSE."""
-        waited = time.time() - conv.updated_at
+        owes, waited = _who_timed_out(conv)
         origin = _origin_address(conv)
         await self._notify(
             origin,
-            notices.timed_out(conv.request_id, conv.trace_id, conv.owes_reply, waited, conv.kind),
+            notices.timed_out(conv.request_id, conv.trace_id, owes, waited, conv.kind),
             reply_to=conv.origin.native_id,
             request_id=conv.request_id,
             trace_id=conv.trace_id,
@@ -154,18 +154,14 @@ class Pipeline:
             to=conv.requester,
             status=Status.FAILED,
             result=(
-                f"Timed out: no answer from @{conv.owes_reply} after "
+                f"Timed out: no answer from @{owes} after "
                 f"{notices.format_duration(waited)}. TraceId: {conv.trace_id or '-'}"
             ),
             also=(origin,),
         )
         log.info(
             "conversation timed out",
-            extra={
-                "request_id": conv.request_id,
-                "trace_id": conv.trace_id,
-                "recipient": conv.owes_reply,
-            },
+            extra={"request_id": conv.request_id, "trace_id": conv.trace_id, "recipient": owes},
         )
 
     async def on_cancel(self, notice: CancelNotice) -> None:
@@ -434,6 +430,20 @@ class Pipeline:
     def _count(self, disposition: Disposition) -> Disposition:
         self._metrics.count(disposition.outcome)
         return disposition
+
+
+def _who_timed_out(conv: Conversation) -> tuple[str, float]:
+    """Who did not answer a timed-out conversation, and for how many seconds.
+
+    The sweeper's TIMEOUT event is last in the history and names who owed the reply; the
+    event before it started the wait (the status is already ``timeout``, so
+    ``owes_reply`` can no longer tell a CLARIFY's requester from the assignee).
+    """
+    history = conv.history
+    if history and history[-1].type == "TIMEOUT":
+        since = history[-2].at if len(history) >= 2 else conv.created_at
+        return history[-1].to, history[-1].at - since
+    return conv.owes_reply, time.time() - conv.updated_at
 
 
 def _origin_address(conv: Conversation) -> Address:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ async def _two_conversations(gw) -> tuple[str, str]:  # type: ignore[no-untyped-
     first = build_request(sender="Lotbot", to="Mantis", task="check disk")
     second = build_request(sender="Lotbot", to="SecurityBot", task="audit logins")
     await chat.inject(render(first), author_id="u-lot")
+    # Creation times are kept to the millisecond: keep "oldest first" unambiguous.
+    await asyncio.sleep(0.01)
     await chat.inject(render(second), author_id="u-lot")
     clar = reply_clarify(first, sender="Mantis", question="which host?")
     await side.inject(render(clar), author_id="u-mantis", channel="mantis-room")

@@ -294,7 +294,7 @@ async def test_timeout_posts_notice_in_origin_thread_and_fails_requester(
         await gw.sweep_once(now=time.time() + 1801)
         notes = [n for n in sent_to(chat, "main", OutboundKind.NOTICE) if "timed out" in n.text]
         assert len(notes) == 1 and notes[0].address.thread == "t-9"
-        assert "@Mantis" in notes[0].text
+        assert "@Mantis" in notes[0].text and "after 30m" in notes[0].text
         responses = [
             parse(o.text).messages[0] for o in sent_to(chat, "main", OutboundKind.PROTOCOL)
         ]
@@ -305,6 +305,19 @@ async def test_timeout_posts_notice_in_origin_thread_and_fails_requester(
         assert req.trace_id and req.trace_id in (resp.result or "")
         conv = await gw.store.get(req.request_id)
         assert conv is not None and conv.status is ConvStatus.TIMEOUT
+
+
+async def test_timeout_while_clarifying_names_the_requester(cfg_args, redis_client) -> None:
+    async with running(make_config(*cfg_args)) as gw:
+        chat, side = memory(gw, "chat"), memory(gw, "side")
+        req = _request()
+        await chat.inject(render(req), author_id="u-lot")
+        clar = reply_clarify(req, sender="Mantis", question="which host?")
+        await side.inject(render(clar), author_id="u-mantis", channel="mantis-room")
+        await gw.sweep_once(now=time.time() + 601)  # the CLARIFY timeout is 10 min
+        notes = [n for n in sent_to(chat, "main", OutboundKind.NOTICE) if "timed out" in n.text]
+        assert len(notes) == 1
+        assert "no answer from @Lotbot after 10m" in notes[0].text
 
 
 async def test_operator_cancel_tells_both_parties_and_others_are_refused(
