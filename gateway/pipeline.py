@@ -208,7 +208,7 @@ class Pipeline:
                     env, msg, _Rejection("loop", reason), notify=budget.tripped
                 )
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
-        applied = await self._store.apply(msg, origin)
+        applied = await self._store.apply(msg, origin, fingerprint=fp)
         extra = ids(msg, transport=env.transport, outcome=str(applied.outcome))
         if applied.outcome is Outcome.DUPLICATE:
             self._recent.add(fp)

@@ -64,11 +64,6 @@ _OUTCOMES: dict[str | bytes, Outcome] = {
     **{o.value: o for o in Outcome}, **{o.value.encode(): o for o in Outcome}}
 
 
-def _fingerprint(msg: Message) -> str:
-    """The protocol's transport-independent fingerprint, cut to FINGERPRINT_CHARS."""
-    return fingerprint(msg)[:FINGERPRINT_CHARS]
-
-
 def _clip(text: str | None, limit: int) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -194,10 +189,13 @@ class ConversationStore:
 
     # -- transitions ---------------------------------------------------------------
 
-    async def apply(self, msg: Message, origin: Origin, *, now: float | None = None
-                    ) -> ApplyResult:
-        """Apply one protocol message to its conversation in one round trip."""
-        keys, args = self._message_call(msg, origin, now)
+    async def apply(self, msg: Message, origin: Origin, *, now: float | None = None,
+                    fingerprint: str | None = None) -> ApplyResult:
+        """Apply one protocol message to its conversation in one round trip.
+
+        ``fingerprint`` is ``protocol.fingerprint(msg)`` when the caller has it already.
+        """
+        keys, args = self._message_call(msg, origin, now, fingerprint)
         return self._result(msg.request_id, msg.trace_id, str(msg.type),
                             await self._apply(keys=keys, args=args))
 
@@ -236,13 +234,14 @@ class ConversationStore:
         )
         return self._result(request_id, None, "CLOSE", await self._apply(keys=keys, args=args))
 
-    def _message_call(self, msg: Message, origin: Origin, now: float | None) -> _Call:
+    def _message_call(self, msg: Message, origin: Origin, now: float | None,
+                      fp: str | None = None) -> _Call:
         task, excerpt, priority = _message_text(msg)
         status = getattr(msg, "status", None)
         return self._call(
             str(msg.type), msg.request_id, msg.sender, msg.to, msg.depth.current,
             msg.depth.max, str(status) if status else "", priority, task, excerpt,
-            _fingerprint(msg), origin, msg.trace_id, now,
+            (fp or fingerprint(msg))[:FINGERPRINT_CHARS], origin, msg.trace_id, now,
         )
 
     def _call(self, typ: str, request_id: str, sender: str, to: str, depth: int,
