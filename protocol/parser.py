@@ -224,6 +224,9 @@ def _fenced_blocks(text: str) -> Iterator[tuple[int, list[str], bool, str]]:
                 line_start = found  # the usual bare ``` line closes the block
                 before = ""
                 break
+            last = text[search - 1]
+            if last != "`" and not last.isspace():
+                continue  # the line does not end with backticks: not a closing fence
             line_start = text.rfind("\n", 0, found) + 1
             closer = text[line_start:search].rstrip()
             before = closer.rstrip("`")
