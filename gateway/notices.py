@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from protocol import ParseError
 
 NOTICE_PREFIX = "⚠️ bot-protocol gateway:"
+# A hostile message can hold thousands of errors; people are shown the first few.
+MAX_ERRORS_SHOWN = 10
 
 
 def _ids(request_id: str | None, trace_id: str | None) -> str:
@@ -25,13 +27,15 @@ def _ids(request_id: str | None, trace_id: str | None) -> str:
 def malformed(errors: Sequence[ParseError]) -> str:
     """A malformed-block reply: each error's code, block, line, field and how to fix it."""
     lines = [f"{NOTICE_PREFIX} this message has a malformed protocol block and was not relayed."]
-    for err in errors:
+    for err in errors[:MAX_ERRORS_SHOWN]:
         where = f"block {err.block}, line {err.line}"
         if err.field:
             where += f", field {err.field}"
         lines.append(f"- {err.code} ({where}): {err.message}")
         if err.hint:
             lines.append(f"  fix: {err.hint}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"... and {len(errors) - MAX_ERRORS_SHOWN} more errors")
     return "\n".join(lines)
 
 

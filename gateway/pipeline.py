@@ -44,6 +44,9 @@ from state.store import ConversationStore
 
 log = logging.getLogger("bpgw.gateway.pipeline")
 
+# Most parse errors one disposition carries (the HTTP API returns them all).
+MAX_ERRORS_REPORTED = 100
+
 
 @dataclass(frozen=True)
 class _Rejection:
@@ -123,11 +126,15 @@ class Pipeline:
             await self._notify(
                 env.address, notices.malformed(parsed.errors), reply_to=env.native_id
             )
+            # Hostile input can carry one error per line: report a bounded number.
+            shown = parsed.errors[:MAX_ERRORS_REPORTED]
+            more = len(parsed.errors) - len(shown)
             results.append(
                 Disposition(
                     "malformed",
-                    "; ".join(e.message for e in parsed.errors),
-                    errors=tuple(e.to_dict() for e in parsed.errors),
+                    "; ".join(e.message for e in shown[: notices.MAX_ERRORS_SHOWN])
+                    + (f" (and {more} more errors)" if more else ""),
+                    errors=tuple(e.to_dict() for e in shown),
                 )
             )
         for msg in parsed.messages:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-# A field line starts with a key and a colon. The possessive ``*+`` can not backtrack.
-KEY_LINE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*+:")
 # A whole key (meta keys given to a builder must have this shape).
 KEY_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*+")
 

@@ -120,6 +120,20 @@ async def test_malformed_block_gets_an_error_reply_and_nothing_else(cfg_args, re
         assert await gw.store.get("lot-1") is None
 
 
+async def test_hostile_block_with_thousands_of_errors_gets_a_bounded_answer(
+    cfg_args, redis_client
+) -> None:
+    async with running(make_config(*cfg_args)) as gw:
+        chat = memory(gw, "chat")
+        hostile = "```\n[REQUEST → @Mantis]\n" + "From: x\n" * 5000 + "```"
+        d = await chat.inject(hostile, author_id="u-lot")
+        assert d.outcome == "malformed"
+        assert 1 <= len(d.errors) <= 100 and "more errors" in d.detail
+        [note] = sent_to(chat, "main", OutboundKind.NOTICE)
+        assert "duplicate_field" in note.text and "more errors" in note.text
+        assert len(note.text) < 4000
+
+
 async def test_impersonation_is_rejected_counted_and_not_relayed(cfg_args, redis_client) -> None:
     async with running(make_config(*cfg_args)) as gw:
         chat, side = memory(gw, "chat"), memory(gw, "side")
