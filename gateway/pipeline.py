@@ -44,7 +44,7 @@ from state.store import ConversationStore
 
 log = logging.getLogger("bpgw.gateway.pipeline")
 
-# Most parse errors one disposition carries (the HTTP API returns them all).
+# Most parse errors one disposition carries (what the HTTP API answers with).
 MAX_ERRORS_REPORTED = 100
 
 
