@@ -72,6 +72,64 @@ TARGET_P99 = "<= 20"
 TARGET_COMMANDS = "<= 6"
 
 
+# A bare aiohttp server on the same event loop the gateway uses, answering the same POST
+# with a small JSON body and doing nothing else: the ceiling of the HTTP layer alone on
+# this machine, measured in the same run so the gateway's rate can be read against it.
+BARE_HTTP_SERVER = """
+import asyncio, sys
+from aiohttp import web
+async def post(request):
+    body = await request.json()
+    return web.json_response({"outcome": "accepted", "chars": len(body["text"])})
+app = web.Application()
+app.router.add_post("/v1/messages", post)
+try:
+    import uvloop
+    runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+except ImportError:
+    runner = asyncio.Runner()
+runner.run(web._run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None))
+"""
+
+
+async def bare_http_rate(seconds: float, posters: int, text: str) -> tuple[float, float]:
+    """(requests/s, server CPU %) of the bare server under the same closed loop."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", BARE_HTTP_SERVER, str(port))
+    url = f"http://127.0.0.1:{port}/v1/messages"
+    try:
+        connector = aiohttp.TCPConnector(limit=256, limit_per_host=256)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for _ in range(100):
+                with suppress(aiohttp.ClientError):
+                    async with http.post(url, json={"text": text}) as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+            done = 0
+
+            async def poster(stop_at: float) -> None:
+                nonlocal done
+                while time.perf_counter() < stop_at:
+                    async with http.post(url, json={"text": text}) as resp:
+                        await resp.read()
+                        done += 1
+
+            cpu0 = cpu_seconds(proc.pid)
+            start = time.perf_counter()
+            await asyncio.gather(*(poster(start + seconds) for _ in range(posters)))
+            elapsed = time.perf_counter() - start
+            cpu = 100 * (cpu_seconds(proc.pid) - cpu0) / elapsed
+        return done / elapsed, cpu
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
@@ -191,6 +249,10 @@ class Bench:
             sender=sender, to=RECIPIENT, task=TASK, request_id=rid, trace_id=f"{self.seq:032x}"
         )
         return sender, rid, render(msg)
+
+    def sample_text(self) -> str:
+        """A message text like the ones the phases post (for the HTTP baseline)."""
+        return self._next_message()[2]
 
     async def post_one(self, phase: Phase) -> None:
         """POST one new REQUEST and record its send time (just before the POST)."""
@@ -386,6 +448,22 @@ async def run(
         )
         emit("gateway_saturation_p50_latency", percentile(lat_ms, 0.50), "ms", posters=args.posters)
         emit("gateway_saturation_p99_latency", percentile(lat_ms, 0.99), "ms", posters=args.posters)
+        bare, bare_cpu = await bare_http_rate(args.saturation, args.posters, bench.sample_text())
+        emit(
+            "http_baseline_saturation_rate",
+            bare,
+            "req/s",
+            posters=args.posters,
+            server_cpu_pct=round(bare_cpu, 1),
+            note="a bare aiohttp server on the same event loop answering the same POST with "
+            "no auth, state or routing: the HTTP layer's own ceiling on this machine",
+        )
+        emit(
+            "gateway_saturation_vs_bare_http",
+            (sat.accepted / secs) / bare if bare else float("nan"),
+            "ratio",
+            note="gateway_saturation_rate / http_baseline_saturation_rate, same run",
+        )
 
         # (4) Redis commands per routed message (all commands, incl. those run by scripts).
         client = aioredis.from_url(redis_url, decode_responses=True)
