@@ -27,6 +27,7 @@ from protocol.models import (
     Request,
     Response,
 )
+from state.batching import ScriptBatcher
 from state.records import (
     ACTIVE,
     TERMINAL,
@@ -179,6 +180,8 @@ class ConversationStore:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self._apply = redis.register_script(load_script("apply"))
+        # Single messages go through the batcher: concurrent applies share a round trip.
+        self._apply_one = ScriptBatcher(redis, self._apply)
         self._claim = redis.register_script(load_script("claim"))
         self._purge = redis.register_script(load_script("purge"))
         self._load = redis.register_script(load_script("load"))
@@ -197,7 +200,7 @@ class ConversationStore:
         """
         keys, args = self._message_call(msg, origin, now, fingerprint)
         return self._result(msg.request_id, msg.trace_id, str(msg.type),
-                            await self._apply(keys=keys, args=args))
+                            await self._apply_one(keys=keys, args=args))
 
     async def apply_many(self, msgs: Sequence[Message], origin: Origin, *,
                          now: float | None = None) -> _Results:
@@ -232,7 +235,8 @@ class ConversationStore:
             "CLOSE", request_id, by, "", 0, 0, str(status), "", "",
             _clip(reason, EXCERPT_CHARS), "", Origin(transport="gateway", channel=""), None, now,
         )
-        return self._result(request_id, None, "CLOSE", await self._apply(keys=keys, args=args))
+        return self._result(request_id, None, "CLOSE",
+                            await self._apply_one(keys=keys, args=args))
 
     def _message_call(self, msg: Message, origin: Origin, now: float | None,
                       fp: str | None = None) -> _Call:
