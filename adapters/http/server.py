@@ -7,8 +7,9 @@ the gateway's replies and notices addressed to ``http:<agent>`` land in that inb
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import uuid
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,9 +55,15 @@ DEFAULT_PAGE = 50
 SHUTDOWN_SECONDS = 5.0
 
 
+# Native ids: a random per-process prefix and a counter. Unique across processes and
+# restarts like a UUID, at a fraction of uuid4's cost on the hot path.
+_ID_PREFIX = secrets.token_hex(8)
+_id_counter = itertools.count(1)
+
+
 def new_native_id() -> str:
     """A fresh unique native id for a message on this transport."""
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 def _client_gone(request: web.Request) -> bool:
