@@ -216,10 +216,9 @@ class Pipeline:
                 )
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         applied = await self._store.apply(msg, origin, fingerprint=fp)
-        extra = ids(msg, transport=env.transport, outcome=str(applied.outcome))
         if applied.outcome is Outcome.DUPLICATE:
             self._recent.add(fp)
-            log.info("duplicate message counted once", extra=extra)
+            log.info("duplicate message counted once", extra=ids(msg, transport=env.transport))
             return Disposition("duplicate", applied.reason, (msg.request_id,))
         if applied.outcome is Outcome.DEPTH:
             return await self._reject(
@@ -243,7 +242,16 @@ class Pipeline:
                 ),
                 reply_to=env.native_id,
             )
-        log.info("message accepted", extra={**extra, "reason": f"relayed to {len(delivered)}"})
+        if log.isEnabledFor(logging.INFO):  # the hot path: build the context only if logged
+            log.info(
+                "message accepted",
+                extra=ids(
+                    msg,
+                    transport=env.transport,
+                    outcome=str(applied.outcome),
+                    reason=f"relayed to {len(delivered)}",
+                ),
+            )
         detail = "orphan RESPONSE kept" if applied.outcome is Outcome.ORPHAN else "applied"
         return Disposition(
             "accepted", f"{detail}; relayed to {len(delivered)} address(es)", (msg.request_id,)

@@ -206,13 +206,14 @@ class HttpAdapter(Adapter):
             native_id=native_id,
         )
         disposition = await self.sink.on_envelope(envelope)
-        log.info(
-            "message %s from %s: %s",
-            native_id,
-            caller.name,
-            disposition.outcome,
-            extra={"request_id": ",".join(disposition.request_ids) or None},
-        )
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "message %s from %s: %s",
+                native_id,
+                caller.name,
+                disposition.outcome,
+                extra={"request_id": ",".join(disposition.request_ids) or None},
+            )
         if disposition.outcome in FAILED_OUTCOMES:
             status = 503
         elif disposition.outcome in REFUSED_OUTCOMES:
