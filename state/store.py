@@ -241,7 +241,8 @@ class ConversationStore:
     def _message_call(self, msg: Message, origin: Origin, now: float | None,
                       fp: str | None = None) -> _Call:
         task, excerpt, priority = _message_text(msg)
-        status = getattr(msg, "status", None)
+        # Not getattr(msg, "status", None): a missing attribute takes pydantic's slow path.
+        status = msg.status if isinstance(msg, Response) else None
         return self._call(
             str(msg.type), msg.request_id, msg.sender, msg.to, msg.depth.current,
             msg.depth.max, str(status) if status else "", priority, task, excerpt,
