@@ -267,6 +267,8 @@ def _too_large(joined: str, limit: int) -> bool:
         return False  # even at 4 bytes a character it fits
     if chars > limit:
         return True  # at least one byte a character
+    if joined.isascii():  # O(1) in CPython: one byte a character, no need to encode
+        return False
     return len(joined.encode("utf-8", "surrogatepass")) > limit
 
 
