@@ -10,8 +10,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol import (
     DEFAULT_MAX_BLOCK_BYTES,
@@ -35,6 +36,8 @@ from protocol import (
     sign,
     verify,
 )
+
+_Key = TypeVar("_Key")
 
 
 class _CliError(Exception):
@@ -183,12 +186,21 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_sign(args: argparse.Namespace) -> int:
+def _load_key_and_input(
+    args: argparse.Namespace, command: str, key_path: str, loader: Callable[[bytes], _Key]
+) -> tuple[_Key, ParseResult] | int:
+    """The key file and the parsed input of ``sign``/``verify``, or the exit status."""
     try:
-        key = load_private_key(_read_key(args.key))
-        result = _parse_input(args)
+        return loader(_read_key(key_path)), _parse_input(args)
     except (_CliError, ValueError) as exc:
-        return _fail("sign", exc)
+        return _fail(command, exc)
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    loaded = _load_key_and_input(args, "sign", args.key, load_private_key)
+    if isinstance(loaded, int):
+        return loaded
+    key, result = loaded
     if result.errors:
         _report_errors(result)
         return 2
@@ -199,11 +211,10 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    try:
-        key = load_public_key(_read_key(args.pubkey))
-        result = _parse_input(args)
-    except (_CliError, ValueError) as exc:
-        return _fail("verify", exc)
+    loaded = _load_key_and_input(args, "verify", args.pubkey, load_public_key)
+    if isinstance(loaded, int):
+        return loaded
+    key, result = loaded
     _report_errors(result)
     all_valid = bool(result.messages) and not result.errors
     for number, msg in enumerate(result.messages, 1):
