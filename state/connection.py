@@ -132,13 +132,38 @@ class RedisHandle:
             await asyncio.to_thread(server.stop)
 
 
-def _answers_ping(port: int) -> bool:
+def _serves_folder(port: int, folder: Path) -> bool:
+    """Whether the server on ``port`` is the Valkey whose data folder is ``folder``.
+
+    A remembered port may since have been taken by another program, or by the embedded
+    server of another data folder; only our own server may be shared.
+    """
+    command = b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$3\r\ndir\r\n"
+    wanted = str(folder).encode()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            sock.sendall(command)
+            reply = b""
+            while len(reply) < 8192:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+                if reply.startswith(b"*2\r\n") and reply.count(b"\r\n") >= 5:
+                    break
+                if not reply.startswith(b"*"):
+                    break  # an error or another protocol: not our server
     except OSError:
         return False
+    return reply.startswith(b"*2\r\n") and reply.split(b"\r\n")[4] == wanted
+
+
+def _remembered_port(port_file: Path) -> int | None:
+    try:
+        port = int(port_file.read_text().strip())
+    except (OSError, ValueError):
+        return None  # absent or unreadable: start on a free port
+    return port if 0 < port < 65536 else None
 
 
 def _start_embedded(data_dir: Path) -> tuple[str, Any]:
@@ -152,8 +177,8 @@ def _start_embedded(data_dir: Path) -> tuple[str, Any]:
     folder = (data_dir / "valkey").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     port_file = folder / PORT_FILE
-    port = int(port_file.read_text()) if port_file.exists() else None
-    if port is not None and _answers_ping(port):
+    port = _remembered_port(port_file)
+    if port is not None and _serves_folder(port, folder):
         return f"redis://127.0.0.1:{port}", None
     config = {"appendonly": "yes", "appendfsync": "everysec", "save": ""}
     try:

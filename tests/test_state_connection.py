@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -92,3 +93,42 @@ def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
         assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args))
     with pytest.raises(DataError):
         ours.pack_command("SET", "k", True)
+
+
+async def test_embedded_server_is_shared_only_with_its_own_folder(tmp_path: Path) -> None:
+    mine = StateSettings(redis_url="embedded", data_dir=tmp_path / "mine")
+    other = StateSettings(redis_url="embedded", data_dir=tmp_path / "other")
+    first = await conn.open_redis(other)
+    try:
+        await first.client.set("owner", "other")
+        # "mine" remembers a port that the other folder's server now holds.
+        port_file = tmp_path / "mine" / "valkey" / "port"
+        port_file.parent.mkdir(parents=True)
+        port_file.write_text((tmp_path / "other" / "valkey" / "port").read_text())
+        handle = await conn.open_redis(mine)
+        try:
+            assert handle.url != first.url and handle.server is not None
+            assert await handle.client.get("owner") is None
+        finally:
+            await handle.close()
+        # A second process of the other folder does share its running server.
+        again = await conn.open_redis(other)
+        try:
+            assert again.url == first.url and again.server is None
+            assert await again.client.get("owner") == "other"
+        finally:
+            await again.close()
+    finally:
+        await first.close()
+
+
+async def test_unreadable_port_file_starts_a_fresh_server(tmp_path: Path) -> None:
+    port_file = tmp_path / "valkey" / "port"
+    port_file.parent.mkdir(parents=True)
+    port_file.write_text("not a port\n")
+    handle = await conn.open_redis(StateSettings(redis_url="embedded", data_dir=tmp_path))
+    try:
+        assert await handle.client.ping()
+        assert port_file.read_text().strip().isdigit()
+    finally:
+        await handle.close()
