@@ -1,15 +1,15 @@
 """Counters the status command and /healthz show.
 
-Outcome counts are per process (what this replica handled). Violations are kept in
-Redis as a sorted set of timestamps, so ``violations in the last hour`` covers every
-replica; the set is trimmed to the hour on each write, so it stays small.
+Outcome counts are per process (what this replica handled). Violations are counted in
+Redis in one small hash per minute (kind -> count, expiring after the hour), so
+``violations in the last hour`` covers every replica and costs the same 60 reads however
+many violations a flood produced.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import Counter
 
 import redis.asyncio as aioredis
@@ -17,15 +17,16 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger("bpgw.gateway.metrics")
 
-HOUR = 3600.0
+MINUTE = 60
+HOUR_MINUTES = 60
 
 
 class Metrics:
-    """Per-process outcome counters and the shared violation log."""
+    """Per-process outcome counters and the shared violation counts."""
 
     def __init__(self, redis: aioredis.Redis, key_prefix: str) -> None:
         self._redis = redis
-        self._key = f"{key_prefix}:gw:violations"
+        self._prefix = f"{key_prefix}:gw:violations:"
         self.outcomes: Counter[str] = Counter()
         self.violations_by_kind: Counter[str] = Counter()
         self.started_at = time.time()
@@ -35,24 +36,27 @@ class Metrics:
         self.outcomes[outcome] += 1
 
     async def record_violation(self, kind: str) -> None:
-        """Log one protocol violation (impersonation, signature, depth, loop, ...)."""
+        """Count one protocol violation (impersonation, signature, depth, loop, ...)."""
         self.violations_by_kind[kind] += 1
-        now = time.time()
+        key = f"{self._prefix}{int(time.time()) // MINUTE}"
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.zadd(self._key, {f"{now:.6f}:{kind}:{uuid.uuid4().hex[:8]}": now})
-                pipe.zremrangebyscore(self._key, "-inf", now - HOUR)
+                pipe.hincrby(key, kind, 1)
+                pipe.expire(key, (HOUR_MINUTES + 1) * MINUTE)
                 await pipe.execute()
         except RedisError as exc:  # a metrics write must never fail a message
             log.warning("could not record violation: %s", exc, extra={"reason": kind})
 
     async def violations_last_hour(self) -> dict[str, int]:
         """Violations of the last hour across all replicas, by kind."""
-        now = time.time()
-        members = await self._redis.zrangebyscore(self._key, now - HOUR, "+inf")
+        now_minute = int(time.time()) // MINUTE
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for minute in range(now_minute - HOUR_MINUTES + 1, now_minute + 1):
+                pipe.hgetall(f"{self._prefix}{minute}")
+            buckets = await pipe.execute()
         counts: Counter[str] = Counter()
-        for member in members:
-            text = member.decode() if isinstance(member, bytes) else str(member)
-            parts = text.split(":")
-            counts[parts[1] if len(parts) > 2 else "other"] += 1
+        for bucket in buckets:
+            for kind, n in bucket.items():
+                name = kind.decode() if isinstance(kind, bytes) else str(kind)
+                counts[name] += int(n)
         return dict(counts)
