@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -51,8 +52,9 @@ class Sweeper:
         """Schedule the sweep and purge jobs on the running event loop."""
         scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
         options = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        # The first sweep runs at once: what fell due while no gateway ran is handled now.
         scheduler.add_job(self.sweep, "interval", seconds=self.settings.sweep_interval_seconds,
-                          id="bpgw-sweep", **options)
+                          id="bpgw-sweep", next_run_time=datetime.now(UTC), **options)
         scheduler.add_job(self.purge, "interval", seconds=self.settings.purge_interval_seconds,
                           id="bpgw-purge", **options)
         scheduler.start()

@@ -88,3 +88,21 @@ async def test_redis_stopped_mid_sweep_then_started_again(namespace: str) -> Non
     finally:
         await client.aclose()
         server.close()
+
+
+async def test_first_sweep_runs_at_start_not_after_an_interval(store: ConversationStore) -> None:
+    # Fell due while no gateway was running: handled as soon as one starts.
+    claimed: asyncio.Queue[Conversation] = asyncio.Queue()
+
+    async def notify(conv: Conversation) -> None:
+        await claimed.put(conv)
+
+    await store.apply(request("overdue"), ORIGIN, now=T0)  # T0 is long past
+    settings = StateSettings(namespace=store.settings.namespace, sweep_interval_seconds=3600)
+    sweeper = Sweeper(store, notify, settings)
+    sweeper.start()
+    try:
+        conv = await asyncio.wait_for(claimed.get(), timeout=10)
+    finally:
+        await sweeper.stop()
+    assert conv.request_id == "overdue" and conv.status is ConvStatus.TIMEOUT

@@ -63,6 +63,15 @@ def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
             role = "operator" if name == OPERATOR else "agent"
             print(f"    {role:8} {name:12} {token}")
         print(f"  try: curl -s {base}/healthz")
+        print(
+            "       bpgw build request --from Lotbot --to Mantis --task 'check disk' | "
+            f"curl -s -H 'Authorization: Bearer {tokens['Lotbot']}' "
+            f"-H 'Content-Type: text/plain' --data-binary @- {base}/v1/messages"
+        )
+        print(
+            f"       curl -s -H 'Authorization: Bearer {tokens['Mantis']}' "
+            f"'{base}/v1/agents/Mantis/inbox?wait=5'"
+        )
     sys.stdout.flush()
 
 
