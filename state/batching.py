@@ -2,8 +2,8 @@
 
 Under load, many coroutines apply messages at the same moment. Each call on its own pays
 the client's whole per-command path (pool, write, read, parse); gathered into one pipeline
-they share one write and one read. A call made while the loop is idle is sent on the
-next loop iteration, alone, so latency at low load does not change.
+they share one write and one read. A call made while nothing else is in flight is sent
+at once, as before, so latency at low load does not change.
 
 Each script call stays atomic on the server. Calls in flight at the same time may run in
 any order, as they could on separate pool connections before; a call made after another
@@ -31,10 +31,19 @@ class ScriptBatcher:
         self._max_batch = max_batch
         self._pending: list[_Call] = []
         self._scheduled = False
+        self._in_flight = 0  # sends (single or batched) awaiting their replies
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __call__(self, *, keys: list[str], args: list[Any]) -> Any:
         """Run the script once with ``keys`` and ``args``; return its reply."""
+        if not self._in_flight and not self._pending:
+            # Idle: send at once, with no extra task or loop iteration. Calls made while
+            # this one is out are the ones that batch.
+            self._in_flight += 1
+            try:
+                return await self._script(keys=keys, args=args)
+            finally:
+                self._in_flight -= 1
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((keys, args, future))
@@ -56,9 +65,10 @@ class ScriptBatcher:
             task.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[_Call]) -> None:
+        self._in_flight += 1
         try:
             if len(batch) == 1:
-                keys, args, future = batch[0]
+                keys, args, _ = batch[0]
                 replies: list[Any] = [await self._script(keys=keys, args=args)]
             else:
                 replies = await self._pipelined(batch)
@@ -69,6 +79,8 @@ class ScriptBatcher:
             if not isinstance(exc, Exception):
                 raise
             return
+        finally:
+            self._in_flight -= 1
         for (_, _, future), reply in zip(batch, replies, strict=True):
             if future.done():  # the caller was cancelled; the script ran all the same
                 continue
