@@ -100,12 +100,15 @@ class AgentDirectory:
             )
         if agent is None and self._policy is IdentityPolicy.PIN:
             return IdentityVerdict.UNDECLARED
-        if agent is None:
+        if agent is None and self._policy is IdentityPolicy.OPEN:
+            verdict = IdentityVerdict.OK
+        else:
+            bound = await self._bind(name, identity)
+            verdict = IdentityVerdict.OK if bound == identity else IdentityVerdict.IMPERSONATION
+        if agent is None and verdict is IdentityVerdict.OK:
+            # Only a sender that passed may move where replies to the name go.
             await self._learn_address(name, seen_at)
-        if self._policy is IdentityPolicy.OPEN and agent is None:
-            return IdentityVerdict.OK
-        bound = await self._bind(name, identity)
-        return IdentityVerdict.OK if bound == identity else IdentityVerdict.IMPERSONATION
+        return verdict
 
     async def _bind(self, name: str, identity: str) -> str:
         """Bind ``name`` to ``identity`` unless already bound; return the binding."""

@@ -155,8 +155,12 @@ async def test_tofu_binds_first_identity_for_undeclared_agents(cfg_args, redis_c
         first = build_request(sender="Newbie", to="Mantis", task="hi")
         assert (await chat.inject(render(first), author_id="u-new")).outcome == "accepted"
         second = build_request(sender="Newbie", to="Mantis", task="again")
-        d = await chat.inject(render(second), author_id="u-other")
+        d = await chat.inject(render(second), author_id="u-other", channel="elsewhere")
         assert d.outcome == "rejected" and "impersonation" in d.detail
+        # The impersonator did not move where replies to Newbie go.
+        reply = reply_response(first, sender="Mantis", status="done", result="ok")
+        await memory(gw, "side").inject(render(reply), author_id="u-mantis", channel="mantis-room")
+        assert [o.address.channel for o in chat.sent if o.kind is OutboundKind.PROTOCOL] == ["main"]
 
 
 async def test_pin_policy_rejects_undeclared_agents(cfg_args, redis_client) -> None:
