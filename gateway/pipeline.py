@@ -202,18 +202,16 @@ class Pipeline:
         fp = fingerprint(msg)
         if fp in self._recent:
             return Disposition("duplicate", "seen recently; not relayed again", (msg.request_id,))
-        if not msg.is_broadcast:
-            budget = self._budget.check(msg.sender, msg.to)
-            if not budget.allowed:
-                reason = (
-                    f"@{msg.sender} and @{msg.to} exceeded "
-                    f"{self._config.policy.pair_budget_messages} messages per "
-                    f"{self._config.policy.pair_budget_window_seconds:g}s; relaying between them "
-                    f"resumes in {budget.retry_after:.0f}s"
-                )
-                return await self._reject(
-                    env, msg, _Rejection("loop", reason), notify=budget.tripped
-                )
+        # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
+        budget = self._budget.check(msg.sender, msg.to)
+        if not budget.allowed:
+            reason = (
+                f"@{msg.sender} and @{msg.to} exceeded "
+                f"{self._config.policy.pair_budget_messages} messages per "
+                f"{self._config.policy.pair_budget_window_seconds:g}s; relaying between them "
+                f"resumes in {budget.retry_after:.0f}s"
+            )
+            return await self._reject(env, msg, _Rejection("loop", reason), notify=budget.tripped)
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         applied = await self._store.apply(msg, origin, fingerprint=fp)
         if applied.outcome is Outcome.DUPLICATE:

@@ -284,6 +284,23 @@ async def test_pair_budget_stops_a_ping_pong_with_one_notice(cfg_args, redis_cli
         assert len(loop_notes) == 1
 
 
+async def test_broadcast_storm_from_one_agent_is_bounded(cfg_args, redis_client) -> None:
+    from protocol import build_broadcast
+
+    config = make_config(*cfg_args, policy={"pair_budget_messages": 2})
+    async with running(config) as gw:
+        chat = memory(gw, "chat")
+        outcomes = [
+            (
+                await chat.inject(
+                    render(build_broadcast(sender="Lotbot", message=f"n{i}")), author_id="u-lot"
+                )
+            ).outcome
+            for i in range(4)
+        ]
+        assert outcomes == ["accepted", "accepted", "rejected", "rejected"]
+
+
 async def test_own_echoes_and_self_messages_are_dropped(cfg_args, redis_client) -> None:
     async with running(make_config(*cfg_args)) as gw:
         chat, side = memory(gw, "chat"), memory(gw, "side")
