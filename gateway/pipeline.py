@@ -323,8 +323,9 @@ class Pipeline:
             )
             await self._relay(reply, None, None, also=(env.address,))
             return
-        if conv.is_terminal:
-            return
+        parties = {conv.requester.casefold(), conv.assignee.casefold()}
+        if conv.is_terminal or (msg.sender.casefold() not in parties and "all" not in parties):
+            return  # a bystander's bad message must not end someone else's conversation
         closed = await self._store.close(
             conv.request_id, status=ConvStatus.FAILED, by=self._name, reason=result
         )

@@ -219,6 +219,28 @@ async def test_depth_at_limit_is_a_violation_and_the_gateway_closes(cfg_args, re
         assert conv is not None and conv.status is ConvStatus.FAILED
 
 
+async def test_a_bystander_cannot_end_or_break_a_conversation(cfg_args, redis_client) -> None:
+    async with running(make_config(*cfg_args)) as gw:
+        chat, side = memory(gw, "chat"), memory(gw, "side")
+        req = _request(depth=Depth(current=1, max=2))
+        await chat.inject(render(req), author_id="u-lot")
+        # SecurityBot (a real, authenticated agent) is not a party to this conversation.
+        answer = reply_response(req, sender="SecurityBot", status="done", result="mine")
+        d = await side.inject(render(answer), author_id="u-sec", channel="sec-room")
+        assert d.outcome == "rejected" and "neither" in d.detail
+        at_limit = Clarify(
+            to="Lotbot",
+            sender="SecurityBot",
+            request_id=req.request_id,
+            depth=Depth(current=2, max=2),
+            question="?",
+        )
+        d = await side.inject(render(at_limit), author_id="u-sec", channel="sec-room")
+        assert d.outcome == "rejected" and d.detail.startswith("depth")
+        conv = await gw.store.get(req.request_id)
+        assert conv is not None and conv.status is ConvStatus.OPEN
+
+
 async def test_skipped_depth_is_a_violation(cfg_args, redis_client) -> None:
     async with running(make_config(*cfg_args)) as gw:
         chat, side = memory(gw, "chat"), memory(gw, "side")

@@ -151,6 +151,23 @@ async def test_illegal_senders_and_states(store: ConversationStore) -> None:
     assert conv is not None and len(conv.history) == 2
 
 
+async def test_only_the_parties_may_answer(store: ConversationStore) -> None:
+    await store.apply(request("r1"), ORIGIN, now=T0)
+    # A bystander's answer is refused, even at a wrong depth (never a depth violation).
+    for depth in (2, 4):
+        res = await store.apply(response("r1", sender="Heron", depth=depth), ORIGIN, now=T0)
+        assert res.outcome is Outcome.ILLEGAL and "Heron is neither" in res.reason
+    # After a HANDOFF the old holder may not answer either; the new one and the
+    # requester may.
+    await store.apply(handoff("r1"), ORIGIN, now=T0)
+    res = await store.apply(response("r1", depth=3), ORIGIN, now=T0)
+    assert res.outcome is Outcome.ILLEGAL
+    res = await store.apply(response("r1", sender="Lotbot", to="Heron", depth=3,
+                                     status=Status.CANCELLED), ORIGIN, now=T0)
+    assert res.outcome is Outcome.APPLIED and res.conversation is not None
+    assert res.conversation.status is ConvStatus.CANCELLED
+
+
 async def test_conflicting_request_and_broadcast(store: ConversationStore) -> None:
     await store.apply(request("r1"), ORIGIN, now=T0)
     for msg in (request("r1", task="something else"), broadcast("r1")):

@@ -80,15 +80,27 @@ if typ == 'CLOSE' then
   ev[4], ev[5] = h[6], h[7]
   return {'applied', '', st, move(key, id, h, body, a[7], 0, now, ev)}
 end
+-- On a conversation sent to @all, the first agent other than the requester that
+-- speaks for it (CLARIFY, HANDOFF or the answer) becomes its assignee.
+local holder = h[4]
+if string.lower(holder) == 'all' and from ~= h[3] then holder = from end
+-- Only the parties may move a conversation: its holder, and for a RESPONSE also its
+-- requester (answering a CLARIFY, or ending its own request). Checked before the depth,
+-- so a bystander's message can never count as the conversation's depth violation.
+if typ == 'RESPONSE' then
+  if from ~= holder and from ~= h[3] then
+    return {'illegal', 'only ' .. h[4] .. ', who holds conversation ' .. id .. ', or its ' ..
+            'requester ' .. h[3] .. ' may answer it; ' .. from .. ' is neither.', st, blob}
+  end
+elseif from ~= holder then
+  return {'illegal', 'only ' .. h[4] .. ', who holds conversation ' .. id .. ', may send a ' ..
+          typ .. ' on it; ' .. from .. ' does not hold it.', st, blob}
+end
 if dc ~= h[6] + 1 or dm ~= h[7] then
   return {'depth', 'conversation ' .. id .. ' is at depth ' .. h[6] .. '/' .. h[7] ..
           ', so its next message must carry depth ' .. (h[6] + 1) .. '/' .. h[7] ..
           ', not ' .. dc .. '/' .. dm .. '.', st, blob}
 end
--- On a conversation sent to @all, the first agent other than the requester that
--- speaks for it (CLARIFY or HANDOFF) becomes its assignee.
-local holder = h[4]
-if string.lower(holder) == 'all' and from ~= h[3] then holder = from end
 h[6] = dc
 
 if typ == 'RESPONSE' then
@@ -98,10 +110,6 @@ if typ == 'RESPONSE' then
   local final = a[7]
   if final == '' then final = 'done' end
   return {'applied', '', st, move(key, id, h, body, final, 0, now, ev)}
-end
-if from ~= holder then
-  return {'illegal', 'only ' .. h[4] .. ', who holds conversation ' .. id .. ', may send a ' ..
-          typ .. ' on it; ' .. from .. ' does not hold it.', st, blob}
 end
 if typ == 'CLARIFY' then
   if st == 'clarifying' then
