@@ -60,7 +60,9 @@ class GatewaySection(_Section):
 class StateSection(_Section):
     """``[state]``: where conversations live and how long they may wait."""
 
-    redis_url: str = "embedded"
+    redis_url: str = Field(
+        default="embedded", pattern=r"^(embedded|(redis|rediss|unix)://.+)$"
+    )
     namespace: str = Field(default="bpgw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     retention_days: float = Field(default=7.0, gt=0)
     sweep_interval_seconds: float = Field(default=5.0, gt=0)

@@ -212,3 +212,13 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert b"policy.undeclared_agents" in done.stderr
+
+
+def test_unreachable_redis_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(f'[state]\nredis_url = "redis://127.0.0.1:{free_port()}"\n')
+    done = subprocess.run(
+        _bpgw("run", "--config", str(path)), capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    assert b"cannot use the state store" in done.stderr and b"Traceback" not in done.stderr

@@ -14,6 +14,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from adapters.base import ConfigError as TransportConfigError
 from gateway.app import Gateway
 from gateway.config import ConfigError, GatewayConfig, load_config
@@ -109,6 +111,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, TransportConfigError) as exc:
         print(f"bpgw: {exc}", file=sys.stderr)
         return 2
+    except RedisError as exc:
+        print(f"bpgw: cannot use the state store: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"bpgw: cannot start: {exc}", file=sys.stderr)
         return 1

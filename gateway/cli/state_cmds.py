@@ -12,6 +12,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from gateway.config import ConfigError, load_config
 from state.connection import open_redis
 from state.records import Conversation
@@ -59,7 +61,12 @@ def _with_store(args: argparse.Namespace,
         finally:
             await handle.close()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except RedisError as exc:
+        print(f"bpgw: cannot use the state store at {settings.redis_url}: {exc}",
+              file=sys.stderr)
+        return 1
 
 
 def _summary(conv: Conversation, now: float) -> dict[str, Any]:
