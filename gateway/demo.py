@@ -78,23 +78,27 @@ async def run_demo(
         lot, man, sec = (
             HttpAgent(n, tokens[n], base_url, session) for n in ("Lotbot", "Mantis", "SecurityBot")
         )
+
+        async def hop(sender: HttpAgent, msg: Message, receiver: HttpAgent) -> Message:
+            """``sender`` posts ``msg``; ``receiver`` reads it from its inbox."""
+            await sender.post(msg)
+            say(f"{sender.name:>11} -> {receiver.name:<11} {msg.type:<8} depth {msg.depth}")
+            return await receiver.receive(msg.type)
+
         request = build_request(
             sender="Lotbot",
             to="Mantis",
             task="Check disk usage and report anything over 80%",
             context="nightly audit",
         )
-        await lot.post(request)
-        say(f"Lotbot  -> Mantis       REQUEST  {request.request_id} (depth {request.depth})")
-        got = await man.receive(MessageType.REQUEST)
-        clarify = reply_clarify(got, sender="Mantis", question="Which host: build-01 or build-02?")
-        await man.post(clarify)
-        say(f"Mantis  -> Lotbot       CLARIFY  (depth {clarify.depth})")
-        got = await lot.receive(MessageType.CLARIFY)
-        answer = answer_clarify(got, sender="Lotbot", result="build-01, please.")
-        await lot.post(answer)
-        say(f"Lotbot  -> Mantis       RESPONSE answer (depth {answer.depth})")
-        got = await man.receive(MessageType.RESPONSE)
+        say(f"RequestId {request.request_id}")
+        got = await hop(lot, request, man)
+        got = await hop(
+            man,
+            reply_clarify(got, sender="Mantis", question="Which host: build-01 or build-02?"),
+            lot,
+        )
+        got = await hop(lot, answer_clarify(got, sender="Lotbot", result="build-01, please."), man)
         handoff = reply_handoff(
             got,
             sender="Mantis",
@@ -102,15 +106,12 @@ async def run_demo(
             task="Check disk usage on build-01 and report anything over 80%",
             reason="SecurityBot has shell access to build-01",
         )
-        await man.post(handoff)
-        say(f"Mantis  -> SecurityBot  HANDOFF  (depth {handoff.depth})")
-        got = await sec.receive(MessageType.HANDOFF)
+        got = await hop(man, handoff, sec)
+        # The new holder answers the original requester directly.
         done = reply_response(
             got, sender="SecurityBot", status="done", result="/var is at 91%; everything else < 60%"
         ).model_copy(update={"to": "Lotbot"})
-        await sec.post(done)
-        say(f"SecurityBot -> Lotbot   RESPONSE done (depth {done.depth})")
-        final = await lot.receive(MessageType.RESPONSE)
+        final = await hop(sec, done, lot)
         say(f"Lotbot received: {getattr(final, 'result', None)}")
         async with session.get(
             f"{base_url}/v1/conversations/{request.request_id}",
