@@ -60,7 +60,8 @@ async def test_one_failing_call_does_not_fail_the_others(
         batcher(keys=[key], args=["b"]),
         return_exceptions=True,
     )
-    assert results[0] == 1 and results[2] == 2
+    # Concurrent calls may run in either order; both ran once.
+    assert sorted([results[0], results[2]]) == [1, 2]  # type: ignore[type-var]
     assert isinstance(results[1], ResponseError) and "bad argument" in str(results[1])
 
 
