@@ -162,10 +162,23 @@ class Gateway:
             for name, a in self.adapters.items()
         }
         report = self._sweeper.last_report if self._sweeper else None
+        # The sweeper touches Redis every few seconds: its last run tells whether the
+        # state store answers, without a round trip on every health check.
+        if report is None:
+            store = "unknown"
+        elif report.error:
+            store = f"unreachable: {report.error}"
+        else:
+            store = "ok"
         states = [a.health().state for a in self.adapters.values()]
-        ok = self._started.is_set() and all(s is HealthState.UP for s in states)
+        ok = (
+            self._started.is_set()
+            and all(s is HealthState.UP for s in states)
+            and not store.startswith("unreachable")
+        )
         return {
             "status": "ok" if ok else "degraded",
+            "state_store": store,
             "transports": transports,
             "last_sweep": None if report is None else dataclasses.asdict(report),
             "outcomes": dict(self._metrics.outcomes) if self._metrics else {},

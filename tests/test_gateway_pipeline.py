@@ -445,6 +445,10 @@ async def test_store_outage_is_an_error_disposition_not_a_crash(
             server.stop()
             d = await chat.inject(render(_request()), author_id="u-lot")
             assert d.outcome == "error"
+            await gw.sweep_once()  # the sweeper notices the store is gone
+            health = gw.health()
+            assert health["status"] == "degraded"
+            assert health["state_store"].startswith("unreachable")
             result = await chat.command("status", author_id="u-lot")
             assert not result.ok
     finally:

@@ -42,6 +42,7 @@ class RecordingSink:
         self.commands: list[CommandRequest] = []
         self.disposition = Disposition("accepted", request_ids=("req-1",))
         self.listed: list[dict[str, Any]] = []
+        self.health_report: dict[str, Any] = {"state": "up", "transports": {"api": "up"}}
 
     async def on_envelope(self, envelope: Envelope) -> Disposition:
         self.envelopes.append(envelope)
@@ -63,7 +64,7 @@ class RecordingSink:
         return {"request_id": request_id, "history": []} if request_id == "req-1" else None
 
     def health(self) -> dict[str, Any]:
-        return {"state": "up", "transports": {"api": "up"}}
+        return self.health_report
 
 
 OPTIONS: dict[str, Any] = {
@@ -206,7 +207,11 @@ async def test_processing_error_is_503_so_the_agent_retries(
     adapter: HttpAdapter, sink: RecordingSink, api: Api
 ) -> None:
     sink.disposition = Disposition("error", detail="state store unreachable")
-    status, body = await api.post("/v1/messages", ALICE, json={"text": "hello"})
+    async with api.session.post(
+        api.base + "/v1/messages", json={"text": "hello"}, headers=auth(ALICE)
+    ) as resp:
+        status, body = resp.status, await resp.json()
+        assert resp.headers["Retry-After"] == "1"
     assert status == 503
     assert body["outcome"] == "error" and "unreachable" in body["detail"]
 
@@ -515,6 +520,14 @@ async def test_healthz_needs_no_token(adapter: HttpAdapter, api: Api) -> None:
     status, body = await api.get("/healthz")
     assert status == 200 and body["state"] == "up"
     assert adapter.health().state is HealthState.UP
+
+
+async def test_healthz_is_503_while_the_gateway_is_degraded(
+    adapter: HttpAdapter, sink: RecordingSink, api: Api
+) -> None:
+    sink.health_report = {"status": "degraded", "state_store": "unreachable: refused"}
+    status, body = await api.get("/healthz")
+    assert status == 503 and body["state_store"].startswith("unreachable")
 
 
 # -- lifecycle -----------------------------------------------------------------------

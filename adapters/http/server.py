@@ -214,13 +214,17 @@ class HttpAdapter(Adapter):
                 disposition.outcome,
                 extra={"request_id": ",".join(disposition.request_ids) or None},
             )
+        headers = {}
         if disposition.outcome in FAILED_OUTCOMES:
             status = 503
+            headers["Retry-After"] = "1"
         elif disposition.outcome in REFUSED_OUTCOMES:
             status = 422
         else:
             status = 200
-        return web.json_response({"native_id": native_id, **disposition.to_dict()}, status=status)
+        return web.json_response(
+            {"native_id": native_id, **disposition.to_dict()}, status=status, headers=headers
+        )
 
     async def _get_inbox(self, request: web.Request) -> web.Response:
         caller = self._caller(request)
@@ -294,4 +298,7 @@ class HttpAdapter(Adapter):
         return web.json_response(found)
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response(self.sink.health())
+        health = self.sink.health()
+        # 503 while the gateway reports itself degraded, so a load balancer can act on it.
+        status = 503 if health.get("status") == "degraded" else 200
+        return web.json_response(health, status=status)
