@@ -57,6 +57,8 @@ def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
     for name, adapter in gateway.adapters.items():
         url = getattr(adapter, "url", None)
         print(f"  transport {name}: {url or adapter.health().state}")
+    if not gateway.adapters:
+        print("  no transport is enabled: add a [transports.NAME] table (config.example.toml)")
     if tokens is not None:
         http = gateway.adapters.get("http")
         base = getattr(http, "url", "http://127.0.0.1:8780")
