@@ -480,3 +480,21 @@ async def test_operator_registered_key_makes_an_agent_sign(cfg_args, redis_clien
         removed = await chat.command("key", "Lotbot", "remove", author_id="op")
         assert removed.ok
         assert (await chat.inject(render(_request()), author_id="u-lot")).outcome == "accepted"
+
+
+async def test_one_chat_message_with_two_blocks_and_one_bad(cfg_args, redis_client) -> None:
+    from protocol import build_broadcast
+
+    async with running(make_config(*cfg_args)) as gw:
+        chat, side = memory(gw, "chat"), memory(gw, "side")
+        req = _request()
+        note = build_broadcast(sender="Lotbot", message="deploy at noon")
+        bad = "```\n[CLARIFY → @Lotbot]\nFrom: Lotbot\nRequestId: x-1\n```"
+        text = f"Two things:\n{render(req)}\nand\n{render(note)}\nand\n{bad}"
+        d = await chat.inject(text, author_id="u-lot")
+        # The malformed block is answered; the two good ones still went through.
+        assert d.outcome == "malformed" and set(d.request_ids) == {req.request_id, note.request_id}
+        assert len(sent_to(side, "mantis-room", OutboundKind.PROTOCOL)) == 2
+        assert await gw.store.get(req.request_id) is not None
+        [notice] = sent_to(chat, "main", OutboundKind.NOTICE)
+        assert "block 3" in notice.text and "question" in notice.text.lower()
