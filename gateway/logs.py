@@ -21,6 +21,7 @@ CONTEXT_KEYS = (
     "sender",
     "recipient",
     "type",
+    "message_type",
     "outcome",
     "reason",
     "identity",
