@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from state.settings import StateSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"bpgw.{__name__}")
 
 EMBEDDED = "embedded"
 PORT_FILE = "port"

@@ -40,7 +40,7 @@ from state.records import (
 )
 from state.settings import StateSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"bpgw.{__name__}")
 
 FINGERPRINT_CHARS = 16
 """Hex characters of the message fingerprint kept per event (64 bits)."""

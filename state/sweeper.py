@@ -16,7 +16,7 @@ from state.records import Conversation
 from state.settings import StateSettings
 from state.store import ConversationStore
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"bpgw.{__name__}")
 
 MAX_BATCHES_PER_SWEEP = 10
 """Claim batches one sweep may take before yielding to the next interval."""
