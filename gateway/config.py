@@ -99,6 +99,8 @@ class PolicySection(_Section):
     pair_cooldown_seconds: float = Field(default=60.0, ge=0)
     dedupe_window_seconds: float = Field(default=600.0, gt=0)
     max_block_bytes: int = Field(default=65536, ge=256, le=16 * 1024 * 1024)
+    max_blocks_per_message: int = Field(default=10, ge=1, le=1000)
+    loop_guard_max_entries: int = Field(default=100_000, ge=100, le=10_000_000)
 
 
 class PermissionsSection(_Section):

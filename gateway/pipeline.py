@@ -77,11 +77,14 @@ class Pipeline:
         self._commands = commands
         self._name = config.gateway.name
         policy = config.policy
-        self._recent = RecentSet(policy.dedupe_window_seconds)
+        self._recent = RecentSet(
+            policy.dedupe_window_seconds, max_items=policy.loop_guard_max_entries
+        )
         self._budget = PairBudget(
             policy.pair_budget_messages,
             policy.pair_budget_window_seconds,
             policy.pair_cooldown_seconds,
+            max_keys=policy.loop_guard_max_entries,
         )
         self._mirrors = [parse_address(m) for m in config.mirrors]
 
@@ -137,9 +140,33 @@ class Pipeline:
                     errors=tuple(e.to_dict() for e in shown),
                 )
             )
-        for msg in parsed.messages:
+        cap = self._config.policy.max_blocks_per_message
+        for msg in parsed.messages[:cap]:
             results.append(await self._handle_message(env, msg))
+        if len(parsed.messages) > cap:
+            results.append(await self._too_many_blocks(env, parsed.messages[cap:], cap))
         return self._count(_combine(results))
+
+    async def _too_many_blocks(self, env: Envelope, extra: list[Message], cap: int) -> Disposition:
+        """Refuse the blocks past the per-message cap, so one post does bounded work."""
+        total = cap + len(extra)
+        reason = (
+            f"this message carries {total} protocol blocks; at most {cap} per message are "
+            f"processed, so blocks {cap + 1}-{total} were refused: send them in separate "
+            "messages"
+        )
+        log.warning(
+            "too many protocol blocks in one message",
+            extra={"transport": env.transport, "identity": env.identity, "reason": reason},
+        )
+        await self._metrics.record_violation("too_many_blocks")
+        shown = [m.request_id for m in extra[:MAX_ERRORS_REPORTED]]
+        await self._notify(
+            env.address,
+            notices.rejected(f"{len(extra)} protocol block(s) of this message", reason, None, None),
+            reply_to=env.native_id,
+        )
+        return Disposition("rejected", f"too_many_blocks: {reason}", tuple(shown))
 
     async def command(self, cmd: CommandRequest) -> CommandResult:
         """Run an operator command (from text or a native slash command)."""
@@ -203,10 +230,10 @@ class Pipeline:
         if fp in self._recent:
             return Disposition("duplicate", "seen recently; not relayed again", (msg.request_id,))
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
-        budget = self._budget.check(msg.sender, msg.to)
+        budget = self._budget.check(msg.sender, msg.to, env.identity)
         if not budget.allowed:
             reason = (
-                f"@{msg.sender} and @{msg.to} exceeded "
+                f"@{msg.sender} ({env.identity}) and @{msg.to} exceeded "
                 f"{self._config.policy.pair_budget_messages} messages per "
                 f"{self._config.policy.pair_budget_window_seconds:g}s; relaying between them "
                 f"resumes in {budget.retry_after:.0f}s"

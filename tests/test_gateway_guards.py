@@ -50,3 +50,49 @@ def test_pair_budget_window_slides() -> None:
     clock.now += 15  # the first message left the window
     assert budget.check("A", "B").allowed
     assert not budget.check("A", "B").allowed
+
+
+def test_pair_budget_is_per_identity_as_well_as_per_name() -> None:
+    clock = Clock()
+    budget = PairBudget(limit=5, window=60, cooldown=30, clock=clock)
+    # Four aliases of one token share one budget towards Mantis.
+    verdicts = [budget.check(f"Dave{i}", "Mantis", "http:dave") for i in range(4) for _ in range(2)]
+    assert [v.allowed for v in verdicts] == [True] * 5 + [False] * 3
+    assert verdicts[5].tripped and not verdicts[6].tripped
+    # Another identity speaking as one of those names still has its own identity budget,
+    # but the name pair (Dave0, Mantis) is shared.
+    assert budget.check("Erin", "Mantis", "http:erin").allowed
+    assert budget.check("Dave0", "Someone", "http:dave").allowed  # other recipient
+
+
+def test_pair_budget_forgets_idle_keys_and_stays_bounded() -> None:
+    clock = Clock()
+    budget = PairBudget(limit=3, window=60, cooldown=30, clock=clock, max_keys=1000)
+    for i in range(500):
+        assert budget.check(f"name{i}", "Mantis", f"http:id{i}").allowed
+    assert len(budget) == 1000  # one name pair and one identity key per sender
+    for i in range(500, 2000):
+        budget.check(f"name{i}", "Mantis", f"http:id{i}")
+    assert len(budget) == 1000  # bounded: least recently used keys went first
+    clock.now += 61  # every key idle past its window
+    assert budget.check("A", "B").allowed
+    assert len(budget) == 1  # nothing kept for names not seen again
+
+
+def test_pair_budget_keeps_a_cooling_down_pair_until_its_cooldown_ends() -> None:
+    clock = Clock()
+    budget = PairBudget(limit=1, window=10, cooldown=100, clock=clock)
+    assert budget.check("A", "B").allowed
+    assert budget.check("A", "B").tripped
+    clock.now += 50  # past the window, inside the cooldown: still blocked
+    budget.check("C", "D")
+    assert not budget.check("A", "B").allowed
+    clock.now += 160
+    assert budget.check("A", "B").allowed
+
+
+def test_recent_set_len_is_bounded() -> None:
+    recent = RecentSet(ttl=10, max_items=5, clock=Clock())
+    for i in range(20):
+        recent.add(str(i))
+    assert len(recent) == 5 and "19" in recent and "0" not in recent

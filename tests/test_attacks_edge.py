@@ -1,0 +1,104 @@
+"""An attacker's-eye view of the gateway's edge: what one hostile agent can make it do.
+
+Each test plays an attack from issue 7 against the real gateway (real aiohttp server,
+real Redis/Valkey) and checks the bound that stops it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from adapters.base import OutboundKind
+from adapters.http import HttpAdapter
+from gateway.app import Gateway
+from protocol import build_request, render
+
+from gwkit import make_config, memory, running, sent_to
+
+TOKENS = {"dave": "tok-dave-123", "erin": "tok-erin-456"}
+
+
+def edge_config(redis_url: str, namespace: str, tmp_path: Path, **policy: Any) -> Any:
+    """gwkit's agents (Mantis on memory transport ``side``) plus HTTP transport ``web``,
+    where dave and erin hold tokens and no [agents] entry (TOFU names)."""
+    transports = {"chat": {"kind": "memory"}, "side": {"kind": "memory"},
+                  "web": {"kind": "http", "port": 0, "tokens": TOKENS}}
+    return make_config(redis_url, namespace, tmp_path, transports=transports, policy=policy)
+
+
+@pytest.fixture
+async def gw(redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+             ) -> AsyncIterator[Gateway]:
+    async with running(
+        edge_config(redis_url, namespace, tmp_path, pair_budget_messages=4,
+                    max_blocks_per_message=3)
+    ) as gateway:
+        yield gateway
+
+
+def url(gw: Gateway) -> str:
+    adapter = gw.adapters["web"]
+    assert isinstance(adapter, HttpAdapter)
+    return adapter.url
+
+
+def auth(who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[who]}"}
+
+
+async def post(http: aiohttp.ClientSession, gw: Gateway, who: str, text: str
+               ) -> tuple[int, dict[str, Any]]:
+    async with http.post(f"{url(gw)}/v1/messages", json={"text": text}, headers=auth(who)) as r:
+        return r.status, await r.json()
+
+
+async def test_blocks_past_the_per_message_cap_are_refused_and_reported(gw: Gateway) -> None:
+    # Many REQUESTs to distinct recipients in one post: only the first few do any work.
+    blocks = [build_request(sender="dave", to=f"Target{i}", task="t") for i in range(50)]
+    async with aiohttp.ClientSession() as http:
+        status, body = await post(http, gw, "dave", "\n\n".join(render(b) for b in blocks))
+        assert status == 422 and body["outcome"] == "rejected"
+        assert "too_many_blocks" in body["detail"] and "blocks 4-50 were refused" in body["detail"]
+        opened = [b.request_id for b in blocks[:3]]
+        assert body["request_ids"][:3] == opened
+        for b in blocks:
+            stored = await gw.store.get(b.request_id, with_history=False)
+            assert (stored is not None) == (b.request_id in opened)
+        async with http.get(f"{url(gw)}/v1/agents/dave/inbox", headers=auth("dave")) as r:
+            notes = [m["text"] for m in (await r.json())["messages"] if m["kind"] == "notice"]
+        assert any("at most 3 per message" in n for n in notes), notes
+
+
+async def test_every_block_counts_against_the_pair_budget(gw: Gateway) -> None:
+    side = memory(gw, "side")
+    blocks = [build_request(sender="dave", to="Mantis", task=f"t{i}") for i in range(3)]
+    async with aiohttp.ClientSession() as http:
+        status, body = await post(http, gw, "dave", "\n\n".join(render(b) for b in blocks))
+        assert status == 200 and body["outcome"] == "accepted"
+        more = [build_request(sender="dave", to="Mantis", task=f"u{i}") for i in range(2)]
+        status, body = await post(http, gw, "dave", "\n\n".join(render(b) for b in more))
+    # Budget 4: the fourth block passes, the fifth trips it.
+    assert status == 422 and "loop:" in body["detail"]
+    assert len(sent_to(side, "mantis-room", OutboundKind.PROTOCOL)) == 4
+
+
+async def test_aliases_of_one_token_share_one_budget(gw: Gateway) -> None:
+    side = memory(gw, "side")
+    accepted = 0
+    async with aiohttp.ClientSession() as http:
+        for alias in ("Dave1", "Dave2"):
+            for i in range(4):
+                req = build_request(sender=alias, to="Mantis", task=f"{alias} {i}")
+                status, body = await post(http, gw, "dave", render(req))
+                if body["outcome"] == "accepted":
+                    accepted += 1
+                else:
+                    assert status == 422 and "loop:" in body["detail"], body
+    # Budget 4 per window for http:dave -> Mantis, however many names dave uses.
+    assert accepted == 4
+    assert len(sent_to(side, "mantis-room", OutboundKind.PROTOCOL)) == 4
