@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters.base import Address
-from protocol.models import check_name
+from protocol.names import check_name
 from state.settings import StateSettings
 
 ENV_PREFIX = "BPGW_"

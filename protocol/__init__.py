@@ -38,9 +38,9 @@ from protocol.models import (
     Request,
     Response,
     Status,
-    check_name,
     check_request_id,
 )
+from protocol.names import check_name, name_key, skeleton
 from protocol.parser import DEFAULT_MAX_BLOCK_BYTES, ParseResult, parse
 from protocol.render import render, render_body
 from protocol.signing import (
@@ -92,6 +92,7 @@ __all__ = [
     "load_private_key",
     "load_public_key",
     "message_to_dict",
+    "name_key",
     "new_request_id",
     "new_trace_id",
     "parse",
@@ -106,6 +107,7 @@ __all__ = [
     "reply_response",
     "result_to_dict",
     "sign",
+    "skeleton",
     "sub_request",
     "verify",
 ]

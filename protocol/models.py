@@ -6,7 +6,6 @@ A message is immutable. Field names are the spec's canonical names; the sender i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self, TypeVar
@@ -14,18 +13,16 @@ from typing import Annotated, Any, Literal, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from protocol.fields import FIELD_KEYS, KEY_SHAPE, TEXT_FIELDS, WEAK_ALIASES, normalize_key
+from protocol.names import check_name
 from protocol.text import clean_value
 
 MAX_DEPTH_LIMIT = 50
 DEFAULT_MAX_DEPTH = 5
 DEFAULT_VERSION = "0.1"
-NAME_MAX_LEN = 128
 REQUEST_ID_MAX_LEN = 128
 TOKEN_MAX_LEN = 128
 VERSION_MAX_LEN = 32
 
-# A name or id: no white space; request ids must also be printable.
-_NO_SPACE = re.compile(r"\S+")
 
 
 class MessageType(StrEnum):
@@ -92,18 +89,6 @@ class Depth(BaseModel):
 
     def __str__(self) -> str:
         return f"{self.current}/{self.max}"
-
-
-def check_name(value: str) -> str:
-    """Validate an agent name (sender or recipient, without the ``@``)."""
-    # The only printable white space is " ", so the str-method test settles most names.
-    if (
-        value
-        and len(value) <= NAME_MAX_LEN
-        and ((value.isprintable() and " " not in value) or _NO_SPACE.fullmatch(value))
-    ):
-        return value
-    raise ValueError(f"a name is 1-{NAME_MAX_LEN} characters without white space")
 
 
 def check_token(value: str, what: str, max_len: int = TOKEN_MAX_LEN) -> str:

@@ -27,10 +27,10 @@ from protocol.models import (
     VERSION_MAX_LEN,
     Message,
     MessageType,
-    check_name,
     check_token,
     checked_constructor,
 )
+from protocol.names import check_name
 from protocol.text import ZWSP, normalize_newlines, unescape_fences
 from protocol.values import parse_depth, parse_priority, parse_status
 

@@ -4,18 +4,21 @@ Order: header, From, RequestId, the type's own fields in table order, Depth, Pri
 (REQUEST and HANDOFF), TraceId, Protocol-Version (only when not 0.1), meta fields in their
 original order, KeyId, Signature. Continuation lines are indented by two spaces (empty
 lines stay empty) and fences inside values are escaped, so no value can add a field or
-close the block.
+close the block. Any other line boundary in a value (CR, VT, FF, FS, GS, RS, NEL, U+2028,
+U+2029) is written as LF and so as a continuation line too: every common line splitter
+sees the same fields.
 """
 
 from __future__ import annotations
 
 from protocol.fields import ATTRIBUTES, BODY_FIELDS, PRIORITY_TYPES, WIRE_KEYS
 from protocol.models import DEFAULT_VERSION, Message, MessageBase
-from protocol.text import escape_fences
+from protocol.text import escape_fences, normalize_newlines
 
 
 def render_field(key: str, value: str) -> str:
     """One ``Key: value`` line (plus continuation lines) with fences escaped."""
+    value = normalize_newlines(value)  # (values from the models are normalised already)
     if "`" in value or "\n" in value:  # (two memchr scans; most values have neither)
         value = escape_fences(value)
         if "\n" in value:

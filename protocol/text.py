@@ -1,6 +1,11 @@
 """Value text rules shared by the models, the parser and the renderer.
 
-* Line breaks: CRLF and a lone CR both read as LF.
+* Line breaks: every character some common line splitter breaks at reads as LF: CRLF,
+  a lone CR, and the ones Python's ``str.splitlines`` also breaks at (VT, FF, FS, GS, RS,
+  NEL, U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR). The parser reads them so
+  before anything else and every value is stored so, so the renderer writes a value
+  holding one as continuation lines: Python's ``splitlines``, JavaScript's
+  ``split(/\r?\n/)`` and a split at U+2028 all see the same fields.
 * Values are trimmed, and no line of a value keeps trailing white space; an empty value
   counts as absent.
 * Fence escaping: a value must never close the fence, so on output a zero-width space
@@ -21,11 +26,18 @@ _ESCAPE = re.compile("``(?=[`\u200b])")
 _UNESCAPE = re.compile("(?<=``)\u200b(?=[`\u200b])")
 
 
+# Every line boundary of str.splitlines except LF itself (CRLF is one boundary).
+_BREAKS = re.compile("\r\n|[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+_OTHER_BREAKS = re.compile("[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
 def normalize_newlines(text: str) -> str:
-    """Read CRLF and lone CR as LF."""
-    if "\r" not in text:
-        return text
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    """Read CRLF and every other line boundary of ``str.splitlines`` as LF."""
+    if "\r" in text:
+        return _BREAKS.sub("\n", text)
+    if text.isascii() and text.isprintable():
+        return text  # (no line break of any kind: the common one-line value)
+    return _OTHER_BREAKS.sub("\n", text) if _OTHER_BREAKS.search(text) else text
 
 
 def join_value(lines: list[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +46,18 @@ FRAGMENTS = [
     "Key:",
     ":",
     "@all",
+    # Line boundaries of other splitters (str.splitlines, U+2028 readers).
+    "\u2028Depth: 1/50",
+    "\u2029",
+    "\x85",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1d",
+    "\x1e",
 ]
+# Every line boundary some common splitter breaks at, LF excepted.
+OTHER_BREAKS = ["\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
 words = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=12)
 raw_text = st.lists(st.one_of(st.sampled_from(FRAGMENTS), words), min_size=1, max_size=12).map(
@@ -169,3 +181,52 @@ def test_parse_never_raises_on_protocol_like_text(parts: list[str]) -> None:
     result = parse(text, max_block_bytes=512)
     for error in result.errors:
         assert error.block >= 1 and error.line >= 1 and error.message and error.hint
+
+
+def _js_lines(text: str) -> list[str]:
+    return re.split(r"\r?\n", text)
+
+
+@settings(max_examples=300)
+@given(messages())
+def test_rendered_text_splits_the_same_for_every_splitter(msg: MessageBase) -> None:
+    """Python's splitlines, JavaScript's split(/\\r?\\n/) and a U+2028-aware reader see
+    the same lines, so the same fields, in what the gateway writes."""
+    text = render(msg)
+    lines = text.split("\n")
+    assert text.splitlines() == lines
+    assert _js_lines(text) == lines
+    assert [part for line in lines for part in line.split("\u2028")] == lines
+
+
+@settings(max_examples=300)
+@given(messages(), st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(OTHER_BREAKS)),
+                            min_size=1, max_size=4))
+def test_parser_reads_every_line_boundary_as_a_line_break(
+    msg: MessageBase, inserts: list[tuple[int, str]]
+) -> None:
+    """Whatever boundary a hostile sender puts into a block, the parser sees the lines
+    Python's splitlines sees: no field exists for one reader and not for another."""
+    text = render(msg)
+    for position, brk in inserts:
+        at = position % (len(text) + 1)
+        text = text[:at] + brk + text[at:]
+    as_lines = "\n".join(text.splitlines())
+    assert parse(text) == parse(as_lines)
+
+
+@pytest.mark.parametrize("brk", OTHER_BREAKS)
+def test_smuggled_depth_is_a_field_for_every_reader(brk: str) -> None:
+    """`Task: x<U+2028>Depth: 1/50` is the Depth line splitlines sees, not hidden text."""
+    block = (
+        "```\n[REQUEST → @Mantis]\nFrom: lotbot\nRequestId: lotbot-1\n"
+        f"Task: look{brk}Depth: 1/50\nDepth: 1/5\n```"
+    )
+    result = parse(block)
+    assert result.messages == []
+    assert [e.code for e in result.errors] == ["duplicate_field"]
+    alone = parse(block.replace("\nDepth: 1/5\n", "\n"))
+    assert [(m.task, str(m.depth)) for m in alone.messages] == [("look", "1/50")]  # type: ignore[union-attr]
+    # Built from that task, the value is written as a continuation line instead.
+    relayed = render(alone.messages[0].model_copy(update={"task": f"look{brk}Depth: 1/50"}))
+    assert relayed.splitlines() == _js_lines(relayed) == relayed.split("\n")
