@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -57,6 +57,10 @@ class Envelope:
     at: float = field(default_factory=time.time)
     # Set by an adapter that can tell the message is a copy the gateway relayed.
     relayed: bool = False
+    # Called by the gateway once the envelope is committed (see ``Disposition.committed``),
+    # before ``on_envelope`` returns; transports that acknowledge natively (an mq9 ACK, an
+    # AINET file mark, a catch-up cursor) do it here. Never called for an uncommitted one.
+    on_commit: CommitHook | None = field(default=None, compare=False, repr=False)
 
     @property
     def address(self) -> Address:
@@ -111,6 +115,13 @@ class Capabilities:
     edits: bool = False
     sees_other_bots: bool = True
     native_commands: bool = False
+    # The platform allows one connection per credential (a Discord gateway session,
+    # Telegram long polling): with several replicas only the one holding the transport's
+    # lease in Redis runs it; another takes over when that replica dies.
+    single_connection: bool = False
+    # Every inbound native id is minted fresh by this process (the HTTP API): the platform
+    # never shows one message twice, so the gateway skips the cross-replica inbound claim.
+    fresh_native_ids: bool = False
 
 
 class HealthState(StrEnum):
@@ -120,6 +131,9 @@ class HealthState(StrEnum):
     UP = "up"
     DEGRADED = "degraded"
     DOWN = "down"
+    # A single-connection transport whose lease another replica holds (healthy: it is
+    # running there, and this replica takes over if that one dies).
+    STANDBY = "standby"
 
 
 @dataclass(frozen=True)
@@ -195,7 +209,9 @@ class Disposition:
 
     ``outcome`` is one of: ``ignored`` (ordinary chat), ``dropped`` (our own or a relayed
     copy), ``malformed``, ``rejected`` (identity, signature, depth, illegal transition,
-    loop budget), ``duplicate``, ``accepted``, ``command``.
+    loop budget), ``duplicate``, ``accepted``, ``command``, ``busy`` (another replica is
+    processing the same native message right now) or ``error`` (the state store could
+    not be reached).
     """
 
     outcome: str
@@ -211,6 +227,92 @@ class Disposition:
             "request_ids": list(self.request_ids),
             "errors": list(self.errors),
         }
+
+    @property
+    def committed(self) -> bool:
+        """True when the gateway is done with the envelope for good: acknowledge it.
+
+        Every outcome but ``error`` and ``busy`` is final (a duplicate or a refusal too:
+        delivering it again changes nothing). On ``error``/``busy`` nothing is kept;
+        leave the native message unacknowledged so the platform (or catch-up) brings it
+        again.
+        """
+        return self.outcome not in UNCOMMITTED_OUTCOMES
+
+
+UNCOMMITTED_OUTCOMES = frozenset({"error", "busy"})
+"""Dispositions after which the transport must not acknowledge the native message."""
+
+CommitHook = Callable[[Disposition], Awaitable[None]]
+"""``Envelope.on_commit``: awaited with the disposition once the envelope is committed."""
+
+
+class CommitWindow:
+    """Turns out-of-order commits of ordered native messages into a safe cursor.
+
+    A transport that hands a batch to the gateway concurrently (Telegram updates, a
+    catch-up page) may only confirm position N once everything up to N is committed.
+    ``track`` each native id in arrival order, ``commit`` it when its disposition says
+    so; ``commit`` returns the id the cursor may now advance to (the last of the
+    contiguous committed prefix), or None when the prefix did not grow. An uncommitted
+    envelope holds the cursor back, so catch-up brings it (and what follows) again; the
+    gateway's inbound claims and state fingerprints make the replays harmless.
+    Bounded: at most ``limit`` ids in flight (``track`` raises ``OverflowError`` beyond).
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._order: dict[str, bool] = {}  # native id -> committed, in arrival order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def track(self, native_id: str) -> None:
+        """Register ``native_id`` as the next message in order (idempotent)."""
+        if native_id not in self._order:
+            if len(self._order) >= self._limit:
+                raise OverflowError(f"more than {self._limit} native messages in flight")
+            self._order[native_id] = False
+
+    def commit(self, native_id: str) -> str | None:
+        """Mark ``native_id`` committed; the new cursor position, or None if unchanged."""
+        if native_id not in self._order:
+            return None
+        self._order[native_id] = True
+        advanced: str | None = None
+        while self._order:
+            first = next(iter(self._order))
+            if not self._order[first]:
+                break
+            del self._order[first]
+            advanced = first
+        return advanced
+
+
+class Cursors(Protocol):
+    """Catch-up cursors of one transport: the last committed native id per channel.
+
+    Kept in Redis and shared by every replica (``state/cursors.py``). ``advance`` is a
+    monotonic compare-and-set: an id older than the stored one never moves it back.
+    Decimal ids (Discord snowflakes, Telegram update ids, Slack ``ts``, stream sequence
+    numbers) compare as numbers of any length; any other id compares byte-wise, so use
+    names that sort in order (zero-padded, ISO timestamps).
+    """
+
+    async def get(self, channel: str) -> str | None:
+        """The channel's cursor, or None when nothing was committed there yet."""
+
+    async def advance(self, channel: str, native_id: str) -> bool:
+        """Move the channel's cursor to ``native_id`` if that is newer; True if it moved.
+
+        Raises ``OverflowError`` for a new channel beyond the transport's bound.
+        """
+
+    async def all(self) -> dict[str, str]:
+        """Every channel's cursor (at most the transport's channel bound)."""
+
+    async def forget(self, channel: str) -> None:
+        """Drop a channel's cursor (the channel was deleted or left)."""
 
 
 class GatewaySink(Protocol):
@@ -233,6 +335,9 @@ class GatewaySink(Protocol):
     def health(self) -> dict[str, Any]:
         """The gateway's and every transport's health, JSON-ready."""
 
+    def cursors(self, transport: str) -> Cursors:
+        """The shared catch-up cursors of ``transport`` (see ``Cursors``)."""
+
 
 class Adapter(ABC):
     """One transport instance. Subclasses set ``capabilities`` and implement the four methods."""
@@ -242,6 +347,10 @@ class Adapter(ABC):
     def __init__(self, name: str) -> None:
         self.name = name
         self._health = Health(HealthState.STARTING)
+        # With ``capabilities.single_connection``: the fencing epoch of the lease this
+        # replica holds while the adapter runs (0 otherwise); a larger epoch means a newer
+        # holder, so an adapter may pass it to anything that can refuse stale writers.
+        self.lease_epoch = 0
 
     @abstractmethod
     async def start(self, sink: GatewaySink) -> None:
@@ -253,7 +362,11 @@ class Adapter(ABC):
 
     @abstractmethod
     async def stop(self) -> None:
-        """Disconnect and release resources; safe to call twice."""
+        """Disconnect and release resources; safe to call twice.
+
+        A ``single_connection`` adapter may be started again after ``stop`` (its replica
+        lost and later regained the lease).
+        """
 
     def health(self) -> Health:
         """The transport's current state."""

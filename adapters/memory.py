@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -22,6 +23,7 @@ from adapters.base import (
     Capabilities,
     CommandRequest,
     CommandResult,
+    CommitHook,
     DeliveryError,
     Disposition,
     Envelope,
@@ -65,10 +67,12 @@ class MemoryAdapter(Adapter):
         self._claimed: set[int] = set()
         self._changed = asyncio.Condition()
         self._ids = itertools.count(1)
+        self._id_prefix = secrets.token_hex(4)
         self._sink: GatewaySink | None = None
 
     def _new_id(self) -> str:
-        return f"{self.name}-{next(self._ids)}"
+        # Unique across instances: a restarted gateway must not reuse a claimed id.
+        return f"{self.name}-{self._id_prefix}-{next(self._ids)}"
 
     def _check_channel(self, channel: str, error: type[Exception] = ValueError) -> None:
         if self.channels and channel not in self.channels:
@@ -120,11 +124,13 @@ class MemoryAdapter(Adapter):
         channel: str = "main",
         thread: str | None = None,
         native_id: str | None = None,
+        on_commit: CommitHook | None = None,
     ) -> Disposition:
         """Play one native message into the gateway and return what it did with it.
 
         ``is_self`` marks the gateway's own post; ``native_id`` replays a message the
-        platform already knows (an echo of something sent). Raises ``ValueError`` for a
+        platform already knows (an echo of something sent); ``on_commit`` is the
+        envelope's commit hook. Raises ``ValueError`` for a
         channel not in ``channels``.
         """
         self._check_channel(channel)
@@ -135,6 +141,7 @@ class MemoryAdapter(Adapter):
             text=text,
             thread=thread,
             native_id=native_id or self._new_id(),
+            on_commit=on_commit,
         )
         self.received.append(envelope)
         return await self.sink.on_envelope(envelope)

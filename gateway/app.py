@@ -8,8 +8,13 @@ reverse.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import importlib
 import logging
+import os
+import secrets
+import socket
 import time
 from typing import Any
 
@@ -17,6 +22,7 @@ from adapters.base import (
     Adapter,
     CommandRequest,
     CommandResult,
+    Cursors,
     Disposition,
     Envelope,
     HealthState,
@@ -25,16 +31,24 @@ from adapters.base import (
 from gateway.agents import AgentDirectory
 from gateway.commands import CancelNotice, Commands
 from gateway.config import GatewayConfig
+from gateway.leases import LeaseKeeper
 from gateway.metrics import Metrics
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
 from state.connection import RedisHandle, open_redis
+from state.cursors import CursorStore
+from state.inbound import Claim, InboundClaims
+from state.leases import Lease
 from state.records import Conversation
 from state.store import ConversationStore
 from state.sweeper import Sweeper
 
 log = logging.getLogger("bpgw.gateway")
+
+# How long an inbound claim stays "processing": longer than any pipeline run (commands
+# answer within 30 s at most); a replica that dies mid-message frees it after this.
+CLAIM_PROCESSING_SECONDS = 60.0
 
 
 def conversation_to_dict(conv: Conversation) -> dict[str, Any]:
@@ -56,6 +70,11 @@ class Gateway:
         self._pipeline: Pipeline | None = None
         self._sweeper: Sweeper | None = None
         self._metrics: Metrics | None = None
+        self._claims: InboundClaims | None = None
+        self._cursors: CursorStore | None = None
+        self.leases: dict[str, LeaseKeeper] = {}
+        # Names this process as a lease holder (unique across hosts, processes, restarts).
+        self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------
@@ -64,6 +83,8 @@ class Gateway:
         """Open state, create and start every enabled transport; return once running."""
         cfg = self.config
         settings = cfg.state_settings()
+        for module in cfg.gateway.adapter_modules:
+            importlib.import_module(module)  # registers its transport kinds
         # Create adapters first: a bad transport config fails before anything starts.
         for name in cfg.enabled_transports():
             self.adapters[name] = create_adapter(
@@ -75,19 +96,39 @@ class Gateway:
         key_prefix = "{" + settings.namespace + "}"
         directory = AgentDirectory(cfg, redis, key_prefix)
         self._metrics = Metrics(redis, key_prefix)
+        self._claims = InboundClaims(
+            redis,
+            settings.namespace,
+            processing_seconds=CLAIM_PROCESSING_SECONDS,
+            done_seconds=cfg.replicas.inbound_dedupe_seconds,
+        )
+        self._cursors = CursorStore(redis, settings.namespace)
         outbox = Outbox(self.adapters)
         commands = Commands(cfg, self._store, directory, self._status_extras, self._on_cancel)
         self._pipeline = Pipeline(cfg, self._store, directory, outbox, self._metrics, commands)
         self._sweeper = Sweeper(self._store, self._pipeline.on_timeout, settings)
         self._sweeper.start()
         for name, adapter in self.adapters.items():
+            if adapter.capabilities.single_connection:
+                lease = Lease(
+                    redis, settings.namespace, f"transport:{name}", self.replica_id,
+                    cfg.replicas.lease_seconds,
+                )
+                self.leases[name] = LeaseKeeper(adapter, lease, self)
+                continue
             await adapter.start(self)
             log.info("transport started", extra={"transport": name})
         self._started.set()
+        for keeper in self.leases.values():
+            keeper.start()
 
     async def stop(self) -> None:
         """Stop transports, sweeps and state; safe to call twice."""
+        for keeper in self.leases.values():
+            await keeper.stop()  # stops its adapter and frees the lease for another replica
         for name, adapter in reversed(list(self.adapters.items())):
+            if name in self.leases:
+                continue
             try:
                 await adapter.stop()
             except Exception:
@@ -127,16 +168,74 @@ class Gateway:
     # -- GatewaySink -------------------------------------------------------------------
 
     async def on_envelope(self, envelope: Envelope) -> Disposition:
-        """Adapters hand every inbound message here."""
+        """Adapters hand every inbound message here; returns once it is committed.
+
+        A native message another replica already processed (or is processing) is not
+        processed again. ``envelope.on_commit`` is awaited when the disposition says
+        committed, before this returns.
+        """
         await self._started.wait()
+        claim_key = self._claim_key(envelope)
         try:
-            return await self.pipeline.handle(envelope)
+            if claim_key is not None:
+                found = await self._inbound_claims.claim(claim_key)
+                if found is Claim.DONE:
+                    disposition = Disposition("duplicate", "this native message was processed")
+                    await self._committed(envelope, disposition)
+                    return disposition
+                if found is Claim.BUSY:
+                    return Disposition("busy", "another replica is processing this message")
+            disposition = await self.pipeline.handle(envelope)
+            if claim_key is not None:
+                if disposition.committed:
+                    await self._inbound_claims.done(claim_key)
+                else:
+                    await self._inbound_claims.release(claim_key)
         except Exception as exc:  # a store outage must not kill the adapter's task
             log.exception(
                 "pipeline failed",
                 extra={"transport": envelope.transport, "native_id": envelope.native_id},
             )
+            if claim_key is not None:
+                with contextlib.suppress(Exception):  # else it expires on its own
+                    await self._inbound_claims.release(claim_key)
             return Disposition("error", f"the gateway could not process this message: {exc}")
+        await self._committed(envelope, disposition)
+        return disposition
+
+    def _claim_key(self, envelope: Envelope) -> str | None:
+        """The inbound claim of ``envelope``, or None when it needs none."""
+        if envelope.native_id is None or self.pipeline.is_own(envelope):
+            return None
+        adapter = self.adapters.get(envelope.transport)
+        if adapter is not None and adapter.capabilities.fresh_native_ids:
+            return None
+        return self._inbound_claims.key(envelope.transport, envelope.channel, envelope.native_id)
+
+    @staticmethod
+    async def _committed(envelope: Envelope, disposition: Disposition) -> None:
+        """Tell the transport the envelope is committed (its hook must not fail it)."""
+        if envelope.on_commit is None or not disposition.committed:
+            return
+        try:
+            await envelope.on_commit(disposition)
+        except Exception:
+            log.exception(
+                "commit hook failed",
+                extra={"transport": envelope.transport, "native_id": envelope.native_id},
+            )
+
+    @property
+    def _inbound_claims(self) -> InboundClaims:
+        if self._claims is None:
+            raise RuntimeError("gateway not started")
+        return self._claims
+
+    def cursors(self, transport: str) -> Cursors:
+        """The shared catch-up cursors of ``transport`` (after ``start``)."""
+        if self._cursors is None:
+            raise RuntimeError("gateway not started")
+        return self._cursors.for_transport(transport)
 
     async def on_command(self, command: CommandRequest) -> CommandResult:
         """Adapters hand native slash commands here."""
@@ -173,7 +272,7 @@ class Gateway:
         states = [a.health().state for a in self.adapters.values()]
         ok = (
             self._started.is_set()
-            and all(s is HealthState.UP for s in states)
+            and all(s in (HealthState.UP, HealthState.STANDBY) for s in states)
             and not store.startswith("unreachable")
         )
         return {

@@ -50,6 +50,8 @@ class GatewaySection(_Section):
     log_format: str = Field(default="json", pattern="^(json|text)$")
     command_prefix: str = "/protocol"
     command_timeout_seconds: float = Field(default=2.5, gt=0, le=30)
+    # Modules imported at start that register extra transport kinds (third-party adapters).
+    adapter_modules: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -103,6 +105,17 @@ class PolicySection(_Section):
     loop_guard_max_entries: int = Field(default=100_000, ge=100, le=10_000_000)
 
 
+class ReplicasSection(_Section):
+    """``[replicas]``: several gateways sharing one Redis (docs/deployment.md)."""
+
+    # A single-connection transport's lease lasts this long unrenewed: another replica
+    # takes the transport over within about this plus a fifth of it after its holder dies.
+    lease_seconds: float = Field(default=10.0, ge=1, le=120)
+    # How long a processed inbound native message is remembered, so a redelivery or a
+    # second replica seeing it does not process it again.
+    inbound_dedupe_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+
+
 class PermissionsSection(_Section):
     """``[permissions]``: who may run operator commands.
 
@@ -141,6 +154,7 @@ class GatewayConfig(_Section):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     state: StateSection = Field(default_factory=StateSection)
     policy: PolicySection = Field(default_factory=PolicySection)
+    replicas: ReplicasSection = Field(default_factory=ReplicasSection)
     permissions: PermissionsSection = Field(default_factory=PermissionsSection)
     agents: dict[str, AgentSection] = Field(default_factory=dict)
     transports: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -90,9 +90,15 @@ class Pipeline:
 
     # -- entry points -------------------------------------------------------------
 
+    def is_own(self, env: Envelope) -> bool:
+        """True for the gateway's own message or a relayed copy (dropped first)."""
+        return env.author.is_self or env.relayed or self._outbox.is_echo(
+            env.transport, env.native_id
+        )
+
     async def handle(self, env: Envelope) -> Disposition:
         """Run one inbound envelope through the pipeline."""
-        if env.author.is_self or env.relayed or self._outbox.is_echo(env.transport, env.native_id):
+        if self.is_own(env):
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )

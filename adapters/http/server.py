@@ -74,8 +74,13 @@ def _client_gone(request: web.Request) -> bool:
 class HttpAdapter(Adapter):
     """Transport kind ``http``: a local aiohttp server with per-agent bearer tokens."""
 
+    # Native ids are minted per POST (a retry is a new POST): no cross-replica claim.
     capabilities = Capabilities(
-        max_message_length=None, threads=True, native_commands=False, sees_other_bots=True
+        max_message_length=None,
+        threads=True,
+        native_commands=False,
+        sees_other_bots=True,
+        fresh_native_ids=True,
     )
 
     def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
