@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from adapters.ainet.names import (
 HOSTILE = [
     "", ".", "..", "../x", "a/b", "a\\b", "/abs", "C:evil", "a\x00b", "a\nb", "a b", ".hidden",
     "trail.", "-rf", "x" * 201, "é" * 101, "a\u202eb", "a|b", "a*b", "a?b", 'a"b', "a<b>",
+    "a\u200bb", "a\ufe0fb", "\ud800",
 ]
 
 
@@ -44,6 +46,7 @@ def test_unicode_names_and_the_slash_rule() -> None:
     decomposed = "Device-X1/Cafe\u0301"
     assert check_agent_id(decomposed) == "Device-X1/Café"
     assert canonical("Device-X1/CAFÉ") == canonical(decomposed)
+    assert canonical("Device-X1/ｃａｆé") == canonical(decomposed)  # fullwidth: one key
     for bad in ["no-slash", "a/b/c", "Device/../x", "BROADCAST", "Device-A/" + "n" * 100,
                 "Device-A/with space", "Device-A/"]:
         with pytest.raises(UnsafeNameError):
@@ -104,3 +107,24 @@ def test_agent_id_is_generated_once_and_kept(tmp_path: Path) -> None:
     path.write_text("../../etc/passwd\n")
     with pytest.raises(UnsafeNameError, match="does not hold a valid agent id"):
         load_or_create_agent_id(path, "bpgw")
+
+
+@pytest.mark.parametrize("method", ["rename", "link", "in place"])
+def test_every_create_method_never_overwrites(tmp_path: Path, method: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallbacks (no renameat2; no hard links either) keep the same guarantees."""
+    from adapters.ainet import fsio
+
+    if method != "rename":
+        monkeypatch.setattr(fsio, "_RENAMEAT2", None)
+    if method == "in place":
+        def no_links(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.EPERM, "hard links are not supported here")
+        monkeypatch.setattr(os, "link", no_links)
+    names = ["001-a.txt", "002-a.txt", "003-a.txt"]
+    assert fsio.create_first_free(tmp_path, b"one", names) == "001-a.txt"
+    assert fsio.create_first_free(tmp_path, b"two", names) == "002-a.txt"
+    assert fsio.create_first_free(tmp_path, b"three", names) == "003-a.txt"
+    assert fsio.create_first_free(tmp_path, b"four", names) is None
+    assert [(tmp_path / n).read_bytes() for n in names] == [b"one", b"two", b"three"]
+    assert sorted(os.listdir(tmp_path)) == names  # no temporary file left behind

@@ -3,10 +3,11 @@
 - ``write_atomic`` replaces a file through a temporary file and a rename in the same folder,
   so a reader sees the old or the new content, never a mix.
 - ``create_exclusive`` creates a file only when the name is free and never overwrites:
-  the content goes to a temporary file which is then hard-linked to the final name (link
-  fails when the name exists, and the file appears complete). Where the file system has
-  no hard links (some synced or FAT-like folders) it falls back to ``O_CREAT|O_EXCL`` and
-  writes in place; readers then see a growing file, which the inbox tolerates.
+  the content goes to a temporary file which is then renamed with ``RENAME_NOREPLACE``
+  (Linux) or hard-linked to the final name; both fail when the name exists, and the file
+  appears complete. Where the file system has neither (some synced or FAT-like folders)
+  it falls back to ``O_CREAT|O_EXCL`` and writes in place; readers then see a growing
+  file, which the inbox tolerates.
 - ``read_bounded`` reads at most a limit, never through a symbolic link.
 - ``inside`` builds a path from checked components and proves it stays in the root.
 
@@ -15,18 +16,21 @@ Temporary files start with ``.bpgw-`` and end in ``.tmp``; listings skip dot-fil
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import cast
 
 from adapters.ainet.names import UnsafeNameError, check_component
 
 TEMP_PREFIX = ".bpgw-"
 TEMP_SUFFIX = ".tmp"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NO_RENAME = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.ENOSYS, errno.EMLINK}
 
 
@@ -79,17 +83,60 @@ def create_exclusive(path: Path, data: bytes) -> bool:
     return create_first_free(path.parent, data, (path.name,)) is not None
 
 
+def _load_renameat2() -> Callable[..., int] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                         ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return cast(Callable[..., int], function)
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Linux ``renameat2(RENAME_NOREPLACE)``: True when moved, False when ``dst`` exists.
+
+    Raises ``OSError`` (ENOSYS, EINVAL) where the kernel or file system lacks it.
+    """
+    if _RENAMEAT2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                  _RENAME_NOREPLACE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.EEXIST:
+        return False
+    raise OSError(code, os.strerror(code), str(dst))
+
+
 def create_first_free(folder: Path, data: bytes, names: Iterable[str]) -> str | None:
     """Create the first of ``names`` that is free in ``folder``; None when none was.
 
-    The content is written once to a temporary file and hard-linked under each candidate
-    in turn, so racing writers each get a distinct name and nothing is ever overwritten.
+    The content is written once to a temporary file, then moved under each candidate in
+    turn with a rename that refuses to replace (``renameat2``), or hard-linked where that
+    is missing, so racing writers each get a distinct name and nothing is overwritten.
     """
     temp = _write_temp(folder, data)
-    links = True
+    method = "rename" if _RENAMEAT2 is not None else "link"
     try:
         for name in names:
-            if links:
+            if method == "rename":
+                try:
+                    if _rename_noreplace(temp, folder / name):
+                        method = "moved"
+                        return name
+                    continue
+                except OSError as exc:
+                    if exc.errno not in _NO_RENAME:
+                        raise
+                    method = "link"
+            if method == "link":
                 try:
                     os.link(temp, folder / name, follow_symlinks=False)
                     return name
@@ -98,12 +145,13 @@ def create_first_free(folder: Path, data: bytes, names: Iterable[str]) -> str | 
                 except OSError as exc:
                     if exc.errno not in _NO_LINKS:
                         raise
-                    links = False
+                    method = "in place"
             if _create_in_place(folder / name, data):
                 return name
         return None
     finally:
-        temp.unlink(missing_ok=True)
+        if method != "moved":
+            temp.unlink(missing_ok=True)
 
 
 def _create_in_place(path: Path, data: bytes) -> bool:
@@ -145,7 +193,16 @@ def read_bounded(path: Path, limit: int) -> bytes | None:
 
 
 def ensure_folder(path: Path) -> None:
-    """Create ``path`` (and parents) unless it exists; refuse a symbolic link in its place."""
-    path.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or not path.is_dir():
-        raise UnsafeNameError(f"{path} is not a plain folder")
+    """Create ``path`` (and parents) unless it exists; refuse one reached through a link.
+
+    ``path`` is built from a resolved root, so any symbolic link on the way (planted by
+    another writer) makes its real path differ, and the write is refused.
+    """
+    try:
+        present = stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        present = False
+    if not present:  # (mkdir of an existing folder is slow on some file systems)
+        os.makedirs(path, exist_ok=True)
+    if os.path.realpath(path) != str(path):
+        raise UnsafeNameError(f"{path} is reached through a symbolic link")

@@ -17,6 +17,8 @@ import secrets
 import socket
 import unicodedata
 
+from protocol.names import NAME_MAX_LEN, invalid_name_reason, name_key
+
 # A converted id appears twice in a pair file name (``A_to_B_response.txt``); 100 bytes
 # each keeps that name under the common 255-byte file-name limit.
 AGENT_ID_MAX_BYTES = 100
@@ -31,16 +33,19 @@ class UnsafeNameError(ValueError):
 
 
 def canonical(agent_id: str) -> str:
-    """The one key agent ids compare under (NFC, case-folded)."""
-    return unicodedata.normalize("NFC", agent_id).casefold()
+    """The one key agent ids compare under (the protocol's NFKC case-folded ``name_key``)."""
+    return name_key(agent_id)
 
 
 def _bad_char(text: str) -> str | None:
     for char in text:
-        if char in _FORBIDDEN or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+        if char in _FORBIDDEN:
             return repr(char)
-        if char.isspace():
-            return "white space"
+    # The protocol's name rule: no white space, control, format or invisible characters.
+    for start in range(0, len(text), NAME_MAX_LEN):
+        reason = invalid_name_reason(text[start:start + NAME_MAX_LEN])
+        if reason is not None:
+            return reason.removeprefix("a name may not contain ")
     return None
 
 
@@ -62,8 +67,6 @@ def check_component(text: str, what: str = "a name", max_bytes: int = COMPONENT_
     bad = _bad_char(text)
     if bad is not None:
         raise UnsafeNameError(f"{what} {text!r} contains {bad}")
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
-        raise UnsafeNameError(f"{what} contains a lone surrogate")
     return text
 
 

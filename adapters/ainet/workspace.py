@@ -30,6 +30,8 @@ import hashlib
 import json
 import os
 import re
+import threading
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,6 +58,7 @@ CONFIG_FILE = "config.json"
 TURN_NAME = re.compile(r"(\d{1,9})-.+\.txt")
 DEFAULT_MAX_TURNS = 99_999
 LOCK_STRIPES = 64
+VERIFIED_MAX = 4096
 # Rescan the folder after this many taken names in a row (a crowd of racing writers).
 _RESCAN_AFTER = 16
 
@@ -142,6 +145,12 @@ class Workspace:
         # Local (not synced) bridge state: the session spool and the turn locks.
         self.spool_dir = state_dir / "spool"
         self.lock_dir = state_dir / "locks"
+        # flock excludes other processes; threads of this one share the descriptor, so
+        # a thread lock per stripe excludes them.
+        self._thread_locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+        self._lock_fds: dict[int, int] = {}
+        # Conversation folders already created and checked link-free (bounded).
+        self._verified: set[Path] = set()
         self.max_turns = max_turns
         self.max_spool = max_spool
         self.max_message_bytes = max_message_bytes
@@ -295,7 +304,11 @@ class Workspace:
         """Write ``msg`` as the next free ``NNN-<agent>.txt`` of the conversation."""
         data = self._encode(msg)
         folder = self.task_folder(request_id) / CONVERSATION
-        ensure_folder(folder)
+        if folder not in self._verified:
+            ensure_folder(folder)
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()
+            self._verified.add(folder)
         with self._turn_lock(folder):
             name = create_first_free(folder, data, _turn_names(folder, f"{self.me}.txt",
                                                                self.max_turns))
@@ -306,13 +319,24 @@ class Workspace:
 
     @contextmanager
     def _turn_lock(self, folder: Path) -> Iterator[None]:
-        stripe = int(digest_of(str(folder).encode())[:8], 16) % LOCK_STRIPES
-        fd = os.open(self.lock_dir / f"turn-{stripe:02d}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
+        """Hold the stripe's thread lock and its ``flock`` (other bridge processes)."""
+        stripe = zlib.crc32(str(folder).encode()) % LOCK_STRIPES
+        with self._thread_locks[stripe]:
+            fd = self._lock_fds.get(stripe)
+            if fd is None:
+                fd = os.open(self.lock_dir / f"turn-{stripe:02d}.lock",
+                             os.O_RDWR | os.O_CREAT, 0o600)
+                self._lock_fds[stripe] = fd
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Release the lock files (safe twice)."""
+        while self._lock_fds:
+            os.close(self._lock_fds.popitem()[1])
 
     def set_task_status(self, request_id: str, status: str) -> None:
         """Write ``status.txt`` of a task (``PENDING`` or ``DONE``), atomically."""
