@@ -45,6 +45,21 @@ class Address:
 
 
 @dataclass(frozen=True)
+class OwnedName:
+    """An agent name a transport credential proves (an HTTP token configured for it).
+
+    The gateway makes ``identity`` that agent's identity from the start, whatever the
+    identity policy, and sends its messages to ``address`` unless the config says where.
+    """
+
+    name: str
+    identity: str
+    address: Address
+    # The config key that grants it, for error messages (``transports.http.tokens.Carol``).
+    source: str
+
+
+@dataclass(frozen=True)
 class Envelope:
     """One inbound native message, reduced to what the gateway needs."""
 
@@ -375,6 +390,10 @@ class Adapter(ABC):
     def set_health(self, state: HealthState, detail: str = "") -> None:
         """Record a state change (adapters call this from their connection handling)."""
         self._health = Health(state, detail)
+
+    def owned_names(self) -> Sequence[OwnedName]:
+        """Agent names this transport's own credentials prove (none unless overridden)."""
+        return ()
 
     def render_command_result(self, result: CommandResult) -> str:
         """Render a command result for this platform; plain text unless overridden."""

@@ -30,7 +30,7 @@ from adapters.base import (
 )
 from gateway.agents import AgentDirectory
 from gateway.commands import CancelNotice, Commands
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.leases import LeaseKeeper
 from gateway.metrics import Metrics
 from gateway.notices import format_duration
@@ -68,6 +68,7 @@ class Gateway:
         self._redis: RedisHandle | None = None
         self._store: ConversationStore | None = None
         self._pipeline: Pipeline | None = None
+        self._directory: AgentDirectory | None = None
         self._sweeper: Sweeper | None = None
         self._metrics: Metrics | None = None
         self._claims: InboundClaims | None = None
@@ -94,7 +95,13 @@ class Gateway:
         redis = self._redis.client
         self._store = ConversationStore(redis, settings)
         key_prefix = "{" + settings.namespace + "}"
-        directory = AgentDirectory(cfg, redis, key_prefix)
+        owned = [item for adapter in self.adapters.values() for item in adapter.owned_names()]
+        try:
+            directory = self._directory = AgentDirectory(cfg, redis, key_prefix, owned)
+        except ConfigError:
+            await self._redis.close()  # names that clash: nothing may start
+            self._redis = None
+            raise
         self._metrics = Metrics(redis, key_prefix)
         self._claims = InboundClaims(
             redis,
@@ -147,6 +154,13 @@ class Gateway:
         if self._store is None:
             raise RuntimeError("gateway not started")
         return self._store
+
+    @property
+    def directory(self) -> AgentDirectory:
+        """The agent directory (after ``start``)."""
+        if self._directory is None:
+            raise RuntimeError("gateway not started")
+        return self._directory
 
     @property
     def pipeline(self) -> Pipeline:

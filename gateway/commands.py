@@ -14,25 +14,34 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from adapters.base import CommandRequest, CommandResult
-from gateway.agents import AgentDirectory
+from gateway.agents import AgentDirectory, LearnedName
 from gateway.config import GatewayConfig
 from gateway.notices import format_duration
+from protocol.names import name_key
 from state.records import Conversation, ConvStatus, Outcome
 from state.store import ConversationStore
 
 log = logging.getLogger("bpgw.gateway.commands")
 
 READ_COMMANDS = frozenset({"status", "show", "list", "agents", "help"})
-OPERATOR_COMMANDS = frozenset({"cancel", "key"})
+OPERATOR_COMMANDS = frozenset({"cancel", "key", "identity"})
 LIST_LIMIT = 25
+# `/protocol agents [offset] [limit]`: rows per page by default and at most.
+AGENTS_PAGE = 25
+AGENTS_PAGE_MAX = 100
 
 HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("status [agent]", "counts, oldest open, per-agent load, violations, transports, sweeps"),
     ("show <RequestId>", "one conversation with its whole history across transports"),
     ("list [status] [agent]", f"up to {LIST_LIMIT} conversations, newest first"),
-    ("agents", "declared and learned agents, where they live, who may speak as them"),
+    (
+        "agents [offset] [limit]",
+        f"declared and learned agents, where they live, who may speak as them "
+        f"({AGENTS_PAGE} a page, at most {AGENTS_PAGE_MAX})",
+    ),
     ("cancel <RequestId> [reason]", "mark a conversation cancelled and tell both parties"),
     ("key <agent> <public-key|remove>", "register an agent's Ed25519 key: it must then sign"),
+    ("identity show|reset <agent>", "who may speak as an agent; forget a learned binding"),
     ("help", "this list"),
 )
 
@@ -112,6 +121,7 @@ class Commands:
             "agents": self._agents,
             "cancel": self._cancel,
             "key": self._key,
+            "identity": self._identity,
             "help": self._help,
         }.get(cmd.name)
         if handler is None:
@@ -165,7 +175,7 @@ class Commands:
             ),
         ]
         if agent is not None:
-            owed = next((n for a, n in load.items() if a.casefold() == agent.casefold()), 0)
+            owed = sum(n for a, n in load.items() if name_key(a) == name_key(agent))
             fields.insert(0, ("agent", f"@{agent} owes {owed} repl{'y' if owed == 1 else 'ies'}"))
         fields.extend(await self._status_extras())
         return CommandResult(
@@ -266,42 +276,78 @@ class Commands:
         )
 
     async def _agents(self, cmd: CommandRequest) -> CommandResult:
-        load = await self._store.load_by_agent()
-        bindings = await self._directory.bindings()
-        registered = await self._directory.registered_keys()
-        everyone = await self._directory.all_addresses()
+        try:
+            offset = int(cmd.args[0]) if cmd.args else 0
+            limit = int(cmd.args[1]) if len(cmd.args) > 1 else AGENTS_PAGE
+        except ValueError:
+            return CommandResult(title="usage: /protocol agents [offset] [limit]", ok=False)
+        offset, limit = max(0, offset), min(max(1, limit), AGENTS_PAGE_MAX)
+        declared = self._directory.declared_agents()
+        shown = declared[offset : offset + limit]
+        learned: list[LearnedName] = []
+        if len(shown) < limit:
+            learned = await self._directory.learned_page(
+                max(0, offset - len(declared)), limit - len(shown)
+            )
+        total = len(declared) + await self._directory.learned_count()
+        load = {name_key(a): n for a, n in (await self._store.load_by_agent()).items()}
+        names = [a.name for a in shown] + [n.name for n in learned]
+        registered = await self._directory.registered_keys(names)
         rows: list[tuple[str, ...]] = []
-        seen: set[str] = set()
-        for agent in self._directory.declared_agents():
-            seen.add(agent.name.casefold())
+        for agent in shown:
+            key = name_key(agent.name)
             rows.append(
                 (
                     f"@{agent.name}",
-                    "declared",
+                    agent.source,
                     ", ".join(str(a) for a in agent.addresses) or "-",
-                    ", ".join(sorted(agent.identities)) or bindings.get(agent.name.casefold(), "-"),
-                    "config" if agent.public_key else registered.get(agent.name.casefold(), "no"),
-                    str(load.get(agent.name, 0)),
+                    ", ".join(sorted(agent.identities)) or "(first seen)",
+                    "config" if agent.public_key else registered.get(key, "no"),
+                    str(load.get(key, 0)),
                 )
             )
-        for name, addresses in sorted(everyone.items()):
-            if name.casefold() in seen:
-                continue
+        for item in learned:
+            key = name_key(item.name)
             rows.append(
                 (
-                    f"@{name}",
+                    f"@{item.name}",
                     "learned",
-                    ", ".join(str(a) for a in addresses),
-                    bindings.get(name.casefold(), "-"),
-                    registered.get(name.casefold(), "no"),
-                    str(load.get(name, 0)),
+                    str(item.address or "-"),
+                    item.identity or "-",
+                    registered.get(key, "no"),
+                    str(load.get(key, 0)),
                 )
             )
+        last = offset + len(rows)
         return CommandResult(
             title="agents",
             fields=(("undeclared names", str(self._config.policy.undeclared_agents)),),
             columns=("agent", "kind", "addresses", "identities", "signs", "open load"),
             rows=tuple(rows),
+            footer=f"{offset + 1 if rows else offset}-{last} of {total}"
+            + (f"; next page: agents {last} {limit}" if last < total else ""),
+        )
+
+    async def _identity(self, cmd: CommandRequest) -> CommandResult:
+        if len(cmd.args) != 2 or cmd.args[0] not in ("show", "reset"):
+            return CommandResult(title="usage: /protocol identity show|reset <agent>", ok=False)
+        action, name = cmd.args[0], cmd.args[1].lstrip("@")
+        if action == "reset":
+            try:
+                had = await self._directory.reset(name)
+            except ValueError as exc:
+                return CommandResult(
+                    title=f"cannot reset @{name}", fields=(("why", str(exc)),), ok=False
+                )
+            log.info("identity reset", extra={"sender": name, "identity": cmd.identity})
+            if not had:
+                return CommandResult(title=f"@{name} had no learned identity or address")
+            return CommandResult(
+                title=f"@{name} forgotten: the next identity to use the name binds it",
+                fields=(("reset by", cmd.identity),),
+            )
+        return CommandResult(
+            title=f"identity of @{name}", fields=tuple(await identity_fields(self._directory, name))
         )
 
     async def _key(self, cmd: CommandRequest) -> CommandResult:
@@ -351,3 +397,31 @@ class Commands:
                 ("reason", reason),
             ),
         )
+
+
+async def identity_fields(directory: AgentDirectory, name: str) -> list[tuple[str, str]]:
+    """What the directory knows about who may speak as ``name`` (command and CLI)."""
+    fields = [("key", name_key(name))]
+    reserved = directory.reserved(name)
+    if reserved is not None:
+        return [*fields, ("kind", f"reserved (@{reserved})")]
+    agent = directory.declared(name)
+    if agent is not None:
+        fields += [
+            ("kind", "declared in [agents]" if agent.source == "declared" else "transport token"),
+            ("name", agent.name),
+            ("identities", ", ".join(sorted(agent.identities)) or "(first seen)"),
+            ("addresses", ", ".join(str(a) for a in agent.addresses) or "-"),
+        ]
+    learned = await directory.learned(name)
+    if learned is not None:
+        at = learned.last_seen
+        fields += [
+            ("learned name", learned.name),
+            ("bound to", learned.identity or "-"),
+            ("last seen at", str(learned.address or "-")),
+            ("last seen", "-" if at is None else f"{format_duration(time.time() - at)} ago"),
+        ]
+    if agent is None and learned is None:
+        fields.append(("kind", "unknown: nobody spoke as it yet"))
+    return fields

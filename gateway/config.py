@@ -16,10 +16,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from adapters.base import Address
-from protocol.names import check_name
+from protocol.names import check_name, name_key
 from state.settings import StateSettings
 
 ENV_PREFIX = "BPGW_"
@@ -95,6 +102,9 @@ class PolicySection(_Section):
     """``[policy]``: enforcement and loop prevention."""
 
     undeclared_agents: IdentityPolicy = IdentityPolicy.TOFU
+    max_names_per_identity: int = Field(default=8, ge=1, le=10_000)
+    learned_name_idle_days: float = Field(default=30.0, gt=0)
+    broadcast_max_targets: int = Field(default=1000, ge=1, le=100_000)
     close_on_depth_violation: bool = True
     pair_budget_messages: int = Field(default=20, ge=1)
     pair_budget_window_seconds: float = Field(default=60.0, gt=0)
@@ -166,6 +176,40 @@ class GatewayConfig(_Section):
         for name in value:
             check_name(name)
         return value
+
+    @model_validator(mode="after")
+    def _agents_are_not_operators(self) -> GatewayConfig:
+        """No name or identity may be both an agent's and an operator's: an agent could
+        otherwise run operator commands."""
+        operators = set(self.permissions.operators)
+        for name, agent in self.agents.items():
+            for i, identity in enumerate(agent.identities):
+                if identity in operators:
+                    raise ValueError(
+                        f"agents.{name}.identities[{i}] and permissions.operators both list "
+                        f"{identity!r}: an agent can not also be an operator"
+                    )
+        for transport, options in self.transports.items():
+            agents = options.get("tokens")
+            people = options.get("operator_tokens")
+            if not isinstance(agents, dict):
+                continue
+            people = people if isinstance(people, dict) else {}
+            by_key = {name_key(str(who)): who for who in agents}
+            for who in people:
+                if name_key(str(who)) in by_key:
+                    raise ValueError(
+                        f"transports.{transport}.tokens.{by_key[name_key(str(who))]} and "
+                        f"transports.{transport}.operator_tokens.{who} name the same caller: "
+                        "agents and operators need different names"
+                    )
+            for who in agents:
+                if f"{transport}:{who}" in operators:
+                    raise ValueError(
+                        f"transports.{transport}.tokens.{who} is an agent token and "
+                        f"permissions.operators lists its identity '{transport}:{who}'"
+                    )
+        return self
 
     @field_validator("mirrors")
     @classmethod

@@ -21,7 +21,7 @@ from adapters.base import (
     OutboundKind,
 )
 from gateway import notices
-from gateway.agents import AgentDirectory, IdentityVerdict
+from gateway.agents import AgentDirectory, IdentityVerdict, SenderCheck
 from gateway.commands import CancelNotice, Commands, parse_command
 from gateway.config import GatewayConfig, parse_address
 from gateway.guards import PairBudget, RecentSet
@@ -32,13 +32,16 @@ from protocol import (
     DEPTH_BOUNDED_TYPES,
     Depth,
     Message,
+    MessageType,
     Status,
     build_response,
     fingerprint,
+    name_key,
     parse,
     render,
     verify,
 )
+from protocol.ids import new_request_id
 from state.records import Conversation, ConvStatus, Origin, Outcome
 from state.store import ConversationStore
 
@@ -215,7 +218,7 @@ class Pipeline:
             result=result,
             also=(_origin_address(conv),),
         )
-        if conv.assignee.casefold() not in (conv.requester.casefold(), "all"):
+        if name_key(conv.assignee) not in (name_key(conv.requester), "all"):
             await self._gateway_response(
                 conv, to=conv.assignee, status=Status.CANCELLED, result=result
             )
@@ -289,14 +292,9 @@ class Pipeline:
         )
 
     async def _authenticate(self, env: Envelope, msg: Message) -> _Rejection | None:
-        verdict = await self._directory.check_sender(msg.sender, env.identity, env.address)
-        if verdict is IdentityVerdict.UNDECLARED:
-            return _Rejection(
-                "undeclared",
-                f"@{msg.sender} is not a declared agent (policy: pin); declare it under [agents]",
-            )
-        if verdict is IdentityVerdict.IMPERSONATION:
-            return _Rejection("impersonation", f"{env.identity} may not speak as @{msg.sender}")
+        check = await self._directory.check_sender(msg.sender, env.identity, env.address)
+        if not check.ok:
+            return _identity_rejection(check, msg, env.identity)
         key = await self._directory.public_key(msg.sender)
         if key is not None:
             if msg.signature is None:
@@ -305,6 +303,15 @@ class Pipeline:
                 )
             if not verify(msg, key):
                 return _Rejection("signature", f"the Signature does not verify for @{msg.sender}")
+        if msg.type in _OPENERS:
+            owner = await self._directory.request_id_owner(msg.request_id, msg.sender)
+            if owner is not None:
+                return _Rejection(
+                    "request_id",
+                    f"RequestId {msg.request_id} has the form <agent>-<suffix> of @{owner}; "
+                    f"only @{owner} may open it. Use a RequestId of your own, like "
+                    f"{new_request_id(msg.sender)}",
+                )
         return None
 
     async def _reject(
@@ -356,8 +363,8 @@ class Pipeline:
             )
             await self._relay(reply, None, None, also=(env.address,))
             return
-        parties = {conv.requester.casefold(), conv.assignee.casefold()}
-        if conv.is_terminal or (msg.sender.casefold() not in parties and "all" not in parties):
+        parties = {name_key(conv.requester), name_key(conv.assignee)}
+        if conv.is_terminal or (name_key(msg.sender) not in parties and "all" not in parties):
             return  # a bystander's bad message must not end someone else's conversation
         closed = await self._store.close(
             conv.request_id, status=ConvStatus.FAILED, by=self._name, reason=result
@@ -379,11 +386,13 @@ class Pipeline:
         """Where ``msg`` must be delivered, with the agent each address is for."""
         wanted: list[tuple[Address, str | None]] = []
         if msg.is_broadcast:
-            for name, addresses in (await self._directory.all_addresses()).items():
-                if name.casefold() != msg.sender.casefold():
-                    wanted.extend((a, name) for a in addresses)
+            sender = name_key(msg.sender)
+            for address, name in await self._directory.broadcast_targets():
+                if name_key(name) != sender:
+                    wanted.append((address, name))
         else:
-            wanted.extend((a, msg.to) for a in await self._directory.addresses(msg.to))
+            # Delivered under the name as its agent writes it (@mantis reaches Mantis).
+            wanted.extend(await self._directory.addresses(msg.to))
         wanted.extend((m, None) for m in self._mirrors)
         out: list[tuple[Address, str | None]] = []
         seen: set[tuple[str, str]] = set()
@@ -477,6 +486,38 @@ class Pipeline:
     def _count(self, disposition: Disposition) -> Disposition:
         self._metrics.count(disposition.outcome)
         return disposition
+
+
+# Messages that open a conversation under their RequestId.
+_OPENERS = frozenset({MessageType.REQUEST, MessageType.BROADCAST})
+
+
+def _identity_rejection(check: SenderCheck, msg: Message, identity: str) -> _Rejection:
+    """What a sender is told when it may not speak as its From."""
+    name = msg.sender
+    verdict = check.verdict
+    if verdict is IdentityVerdict.UNDECLARED:
+        return _Rejection(
+            "undeclared",
+            f"@{name} is not a declared agent (policy: pin); declare it under [agents]",
+        )
+    if verdict is IdentityVerdict.RESERVED:
+        what = "addresses everyone" if check.detail == "all" else "is the gateway's own name"
+        return _Rejection("impersonation", f"@{name} is reserved: @{check.detail} {what}")
+    if verdict is IdentityVerdict.CONFUSABLE:
+        return _Rejection(
+            "impersonation",
+            f"@{name} looks like @{check.detail}, another agent's name; {identity} may not "
+            "use it",
+        )
+    if verdict is IdentityVerdict.TOO_MANY_NAMES:
+        return _Rejection(
+            "too_many_names",
+            f"{identity} already speaks as {check.detail} names, the most one identity may "
+            "hold ([policy] max_names_per_identity); an operator can free one with "
+            "/protocol identity reset NAME",
+        )
+    return _Rejection("impersonation", f"{identity} may not speak as @{name}")
 
 
 def _who_timed_out(conv: Conversation) -> tuple[str, float]:

@@ -27,6 +27,7 @@ from protocol.models import (
     Request,
     Response,
 )
+from protocol.names import name_key
 from state.batching import ScriptBatcher
 from state.records import (
     ACTIVE,
@@ -259,7 +260,9 @@ class ConversationStore:
             fp, at, origin.transport, origin.channel, origin.thread or "",
             origin.native_id or "", trace_id or "",
         ])
-        args: list[str | int | float] = [self.keys.prefix, fields[:-1] + ", " + self._tail]
+        keys = _to_json([name_key(sender), name_key(to)])
+        args: list[str | int | float] = [
+            self.keys.prefix, fields[:-1] + ", " + self._tail[:-1] + ", " + keys[1:]]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
 
     def _result(self, request_id: str, trace_id: str | None, typ: str, raw: Any

@@ -100,7 +100,8 @@ async def test_agents_lists_declared_and_learned(cfg_args, redis_client) -> None
         result = await chat.command("agents", author_id="x")
         rows = {row[0]: row for row in result.rows}
         assert rows["@Lotbot"][1] == "declared" and rows["@Lotbot"][2] == "chat:main"
-        assert rows["@newbie"][1] == "learned" and rows["@newbie"][3] == "chat:u-new"
+        # Learned names show as their agent wrote them.
+        assert rows["@Newbie"][1] == "learned" and rows["@Newbie"][3] == "chat:u-new"
 
 
 async def test_help_unknown_and_read_permissions(cfg_args, redis_client) -> None:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from adapters.base import (
     Adapter,
+    Address,
     Capabilities,
     CommandRequest,
     DeliveryError,
@@ -24,6 +25,7 @@ from adapters.base import (
     GatewaySink,
     HealthState,
     Outbound,
+    OwnedName,
     Receipt,
 )
 from adapters.http.auth import Caller, TokenAuth
@@ -148,6 +150,19 @@ class HttpAdapter(Adapter):
             log.info("http transport %s stopped", self.name)
         self._url = None
         self.set_health(HealthState.DOWN, "stopped")
+
+    def owned_names(self) -> list[OwnedName]:
+        """Each agent token proves its name: identity ``<transport>:<name>``, inbox address
+        ``<transport>:<name>``."""
+        return [
+            OwnedName(
+                agent,
+                f"{self.name}:{agent}",
+                Address(self.name, agent),
+                f"transports.{self.name}.tokens.{agent}",
+            )
+            for agent in self.settings.tokens
+        ]
 
     # -- outbound --------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ def settings_from_args(args: argparse.Namespace) -> StateSettings:
     return replace(settings, **{k: v for k, v in explicit.items() if v is not None})
 
 
-def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """Add --config, --redis-url, --namespace and --data-dir (where the state lives)."""
     parser.add_argument("--config", type=Path, default=None,
                         help="gateway config file (TOML); its [state] section is used")
     parser.add_argument("--redis-url", default=None,
@@ -157,4 +158,4 @@ def register(sub: Any) -> None:
     sweep.add_argument("--json", action="store_true")
     sweep.set_defaults(handler=cmd_sweep)
     for parser in (status, show, sweep):
-        _add_connection_options(parser)
+        add_connection_options(parser)

@@ -4,13 +4,17 @@
 --   encoding cheap): 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
 --   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
 --   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
---   18-21 timeouts REQUEST/HANDOFF/CLARIFY/BROADCAST, 22 retention seconds
+--   18-21 timeouts REQUEST/HANDOFF/CLARIFY/BROADCAST, 22 retention seconds,
+--   23 canonical key of from, 24 canonical key of to (protocol.names.name_key)
+-- Parties compare by those keys (header fields 17 requester key, 18 assignee key), so
+-- @mantis and @Mantis are one agent here exactly as in the gateway.
 -- Returns {outcome, reason, previous status, record blob or false}.
 -- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD; any later step is GET + SET
 -- plus only the indices that change (see reindex in common.lua).
 local key = KEYS[1]
 local a = cjson.decode(ARGV[2])
 local typ, id, from, to = a[1], a[2], a[3], a[4]
+local fk = a[23]
 local dc, dm = a[5], a[6]
 local fp, now = a[11], a[12]
 local ev = {typ, from, to, dc, dm, '', a[13], a[16], now, a[10], fp}
@@ -22,7 +26,7 @@ if typ == 'REQUEST' or typ == 'BROADCAST' then
   local bc = typ == 'BROADCAST'
   local st = bc and 'done' or 'open'
   local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
-             now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16]}
+             now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24]}
   ev[6] = st
   local new = encode(h, '', ev)
   blob = redis.call('SET', key, new, 'NX', 'GET')
@@ -61,6 +65,10 @@ if fp ~= '' and string.find(blob, ',"' .. fp .. '"]', 1, true) then
 end
 local h, body = split(blob)
 local st = h[5]
+-- Records written before the keys were kept: their names' ASCII lower case.
+h[17] = h[17] or string.lower(h[3])
+h[18] = h[18] or string.lower(h[4])
+local rk = h[17]
 if typ == 'REQUEST' or typ == 'BROADCAST' then
   return {'conflict', 'RequestId ' .. id .. ' is already used by a conversation ' .. h[3] ..
           ' opened (now ' .. st .. '); send the new ' .. typ .. ' with a fresh RequestId.',
@@ -82,17 +90,17 @@ if typ == 'CLOSE' then
 end
 -- On a conversation sent to @all, the first agent other than the requester that
 -- speaks for it (CLARIFY, HANDOFF or the answer) becomes its assignee.
-local holder = h[4]
-if string.lower(holder) == 'all' and from ~= h[3] then holder = from end
+local holder, hk = h[4], h[18]
+if hk == 'all' and fk ~= rk then holder, hk = from, fk end
 -- Only the parties may move a conversation: its holder, and for a RESPONSE also its
 -- requester (answering a CLARIFY, or ending its own request). Checked before the depth,
 -- so a bystander's message can never count as the conversation's depth violation.
 if typ == 'RESPONSE' then
-  if from ~= holder and from ~= h[3] then
+  if fk ~= hk and fk ~= rk then
     return {'illegal', 'only ' .. h[4] .. ', who holds conversation ' .. id .. ', or its ' ..
             'requester ' .. h[3] .. ' may answer it; ' .. from .. ' is neither.', st, blob}
   end
-elseif from ~= holder then
+elseif fk ~= hk then
   return {'illegal', 'only ' .. h[4] .. ', who holds conversation ' .. id .. ', may send a ' ..
           typ .. ' on it; ' .. from .. ' does not hold it.', st, blob}
 end
@@ -104,7 +112,7 @@ end
 h[6] = dc
 
 if typ == 'RESPONSE' then
-  if st == 'clarifying' and from == h[3] then
+  if st == 'clarifying' and fk == rk then
     return {'applied', '', st, move(key, id, h, body, 'open', now + a[18], now, ev)}
   end
   local final = a[7]
@@ -116,10 +124,12 @@ if typ == 'CLARIFY' then
     return {'illegal', 'conversation ' .. id .. ' already waits for ' .. h[3] ..
             ' to answer a question; answer it before asking another.', st, blob}
   end
+  h[18] = hk
   return {'applied', '', st,
           move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder)}
 end
 if typ == 'HANDOFF' then
+  h[18] = a[24]
   return {'applied', '', st,
           move(key, id, h, body, 'handed_off', now + a[19], now, ev, to)}
 end
