@@ -320,6 +320,7 @@ class AgentDirectory:
         self._bound: _Cache[str] = _Cache()
         self._learned: _Cache[tuple[Address, str]] = _Cache()
         self._key_cache: _Cache[Ed25519PublicKey | None] = _Cache()
+        self._nobody: _Cache[bool] = _Cache()  # RequestId cuts that name no bound agent
         self._broadcast: tuple[float, list[tuple[Address, str]]] | None = None
 
     def reserved(self, name: str) -> str | None:
@@ -383,6 +384,7 @@ class AgentDirectory:
         if what == "limit":
             return SenderCheck(IdentityVerdict.TOO_MANY_NAMES, detail)
         self._bound.put(key, detail)
+        self._nobody.drop(key)
         if detail != identity:
             return SenderCheck(IdentityVerdict.IMPERSONATION)
         if not hit:
@@ -477,14 +479,16 @@ class AgentDirectory:
                 local = agent.name
                 break
             unknown.append(name_key(prefix))
+        # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
+        # name bound on another replica owns its ids here within CACHE_SECONDS).
+        unknown = [k for k in unknown if not self._nobody.get(k)[0]]
         if unknown:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(self._prefix + "identity", unknown)
-                pipe.hmget(self._prefix + "name", unknown)
-                bound, shown = await pipe.execute()
-            for key, who, display in zip(unknown, bound, shown, strict=True):
+            bound = await self._redis.hmget(self._prefix + "identity", unknown)
+            for key, who in zip(unknown, bound, strict=True):
                 if who is not None:
-                    return _text(display) if display is not None else key
+                    shown = await self._redis.hget(self._prefix + "name", key)
+                    return key if shown is None else _text(shown)
+                self._nobody.put(key, True)
         return None if local is None or local == sender else local
 
     # -- signing keys ----------------------------------------------------------------
@@ -601,6 +605,28 @@ class AgentDirectory:
         self._learned.drop(key)
         self._broadcast = None
         return bool(await self._forget_script(args=[self._prefix, key]))
+
+    async def adopt_unindexed(self, *, now: float | None = None) -> int:
+        """Give every binding and address learned before names had a last-use time one
+        (now), so they too are reclaimed once idle; returns how many were adopted.
+
+        Walks the two hashes with HSCAN, a page at a time (``bpgw identity purge`` runs it).
+        """
+        at = time.time() if now is None else now
+        adopted = 0
+        for field in ("identity", "address"):
+            cursor = 0
+            while True:
+                cursor, page = await self._redis.hscan(
+                    self._prefix + field, cursor, count=1000
+                )
+                if page:
+                    mapping: dict[str, float] = {_text(k): at for k in page}
+                    added = await self._redis.zadd(self._prefix + "seen", mapping, nx=True)
+                    adopted += int(added or 0)
+                if not cursor:
+                    break
+        return adopted
 
     async def purge_idle(self, limit: int = 1000, *, now: float | None = None) -> int:
         """Reclaim up to ``limit`` names idle longer than ``learned_name_idle_days``."""

@@ -400,6 +400,18 @@ async def test_only_the_named_agent_opens_its_request_ids(
     assert status == 200, body
 
 
+async def test_a_name_bound_after_its_ids_were_free_owns_them_at_once(
+    gw: Gateway, http: aiohttp.ClientSession
+) -> None:
+    def req(sender: str, rid: str | None = None) -> str:
+        return render(build_request(sender=sender, to="Lotbot", task="x", request_id=rid))
+
+    assert (await post(http, gw, "Erin", req("Erin", "zed-1")))[0] == 200  # nobody is Zed
+    assert (await post(http, gw, "Dave", req("Zed")))[0] == 200
+    status, body = await post(http, gw, "Erin", req("Erin", "zed-2"))
+    assert status == 422 and "only @Zed may open it" in body["detail"], body
+
+
 # -- 9. names one identity may hold, reclaimed when idle ---------------------------------
 
 
@@ -449,6 +461,20 @@ async def test_idle_learned_names_are_reclaimed(
         http, gw, "Erin", render(build_request(sender="Idle1", to="Lotbot", task="x"))
     )
     assert status == 200
+
+
+async def test_bindings_learned_before_last_use_times_are_adopted_then_reclaimed(
+    gw: Gateway, http: aiohttp.ClientSession, redis_client: Any, namespace: str
+) -> None:
+    prefix = "{" + namespace + "}:gw:"
+    # What an older gateway left: a binding and an address, with no last-use time.
+    await redis_client.hset(prefix + "identity", "oldname", "web:Dave")
+    await redis_client.hset(prefix + "address", "oldname", "web:Dave")
+    assert await gw.directory.adopt_unindexed() == 1
+    assert await gw.directory.adopt_unindexed() == 0
+    assert await gw.directory.purge_idle(now=time.time() + 31 * 86400) == 1
+    assert await redis_client.hlen(prefix + "identity") == 0
+    assert await redis_client.hlen(prefix + "address") == 0
 
 
 # -- 10. BROADCAST cost does not grow with the directory ----------------------------------

@@ -123,6 +123,9 @@ def _cmd_reset(args: argparse.Namespace) -> int:
 
 def _cmd_purge(args: argparse.Namespace) -> int:
     async def body(directory: AgentDirectory) -> int:
+        adopted = await directory.adopt_unindexed()
+        if adopted:
+            print(f"{adopted} name(s) learned before last-use times were kept now get one")
         print(f"reclaimed {await directory.purge_idle(args.limit)} idle learned name(s)")
         return 0
 
