@@ -549,4 +549,4 @@ async def start_service(nats_url: str, settings: ServiceSettings | None = None,
 async def stop_service(service: Mq9Service) -> None:
     """Stop ``service`` and close its NATS connection."""
     await service.stop()
-    await service.nc.drain()
+    await service.nc.close()

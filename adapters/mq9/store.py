@@ -16,6 +16,7 @@ import calendar
 import itertools
 import json
 import math
+import random
 import secrets
 import time
 from collections import OrderedDict
@@ -47,7 +48,7 @@ RESERVED_HEADER_PREFIXES = ("nats-", "mq9-internal-")
 _STREAM_IN_USE = 10058
 _API_TIMEOUT = 5.0
 _LIST_PAGE = 256
-_CAS_ATTEMPTS = 20
+_CAS_ATTEMPTS = 200
 
 
 class StorageError(Exception):
@@ -443,7 +444,10 @@ class Storage:
         except NotFoundError:
             return False
         except APIError as exc:
-            if exc.code == 404 or exc.err_code in (10037, 10057):
+            # 10057: the delete failed because there is no such message (gone, deleted,
+            # or past the end of the stream: "no message found", "stream store EOF").
+            if exc.code == 404 or exc.err_code == 10057 or "not found" in (
+                    exc.description or ""):
                 return False
             raise StorageError(exc.description or str(exc)) from exc
 
@@ -491,14 +495,21 @@ class Storage:
 
     async def advance(self, address: str, group: str, lanes: tuple[Lane, ...],
                       next_id: int) -> None:
-        """Move the group's offset of ``lanes`` to at least ``next_id`` (compare-and-set)."""
+        """Move the group's offset of ``lanes`` to at least ``next_id`` (compare-and-set,
+        retried with a little jitter while other ACKs of the same group win)."""
         key = self.names.group_key(address, group)
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(_CAS_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt, 10)))
             try:
                 entry = await self.groups.get(key)
                 current, revision = _decode_offsets(entry.value), entry.revision
             except KeyNotFoundError:
                 current, revision = {}, None
+            except APIError:
+                continue  # a read racing a concurrent first write: read again
+            if all(current.get(lane, -1) >= next_id for lane in lanes):
+                return
             for lane in lanes:
                 current[lane] = max(current.get(lane, 0), next_id)
             value = json.dumps({lane.value: n for lane, n in current.items()}).encode()
@@ -510,13 +521,9 @@ class Storage:
                 return
             except KeyWrongLastSequenceError:
                 continue
-            except BadRequestError as exc:
-                if exc.err_code == 10071:  # wrong last sequence: another instance won
-                    continue
-                if _is_full(exc):
-                    raise LimitReached("too many consumer groups") from exc
-                raise StorageError(exc.description or str(exc)) from exc
             except APIError as exc:
+                if exc.err_code == 10071:  # wrong last sequence: another ACK won
+                    continue
                 if _is_full(exc):
                     raise LimitReached("too many consumer groups") from exc
                 raise StorageError(exc.description or str(exc)) from exc
