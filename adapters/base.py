@@ -108,9 +108,14 @@ class Outbound:
     reply_to: str | None = None
     request_id: str | None = None
     trace_id: str | None = None
-    # The structured message (protocol.Message) for transports that carry fields
-    # natively (headers, file names); None for notices.
+    # The structured message (protocol.Message) when the sender had it at hand; None for
+    # notices and for messages delivered from the outbox journal (parse ``text`` then).
     message: Any = None
+    # The gateway's stable id of this message (its outbox journal id, "<ms>-<seq>"):
+    # the same on every delivery attempt, increasing in the order messages were
+    # accepted. Inbox transports use it as the message id agents see and to deliver each
+    # message once; None for messages sent outside the outbox.
+    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,9 @@ class Disposition:
     detail: str = ""
     request_ids: tuple[str, ...] = ()
     errors: tuple[dict[str, Any], ...] = ()
+    # Machine-readable delivery warnings, e.g. ``{"code": "no_address", "agent": "Mantis",
+    # "request_id": ..., "detail": ...}``; codes are listed in docs/gateway.md.
+    warnings: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -241,6 +249,7 @@ class Disposition:
             "detail": self.detail,
             "request_ids": list(self.request_ids),
             "errors": list(self.errors),
+            "warnings": list(self.warnings),
         }
 
     @property
@@ -353,12 +362,14 @@ class GatewaySink(Protocol):
     def cursors(self, transport: str) -> Cursors:
         """The shared catch-up cursors of ``transport`` (see ``Cursors``)."""
 
+    async def drain(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109 - a plain bound
+        """Wait until the outbound messages caused so far are dispatched (tests, demo)."""
+
 
 class Adapter(ABC):
     """One transport instance. Subclasses set ``capabilities`` and implement the four methods."""
 
     capabilities: Capabilities = Capabilities()
-
     def __init__(self, name: str) -> None:
         self.name = name
         self._health = Health(HealthState.STARTING)
@@ -382,6 +393,21 @@ class Adapter(ABC):
         A ``single_connection`` adapter may be started again after ``stop`` (its replica
         lost and later regained the lease).
         """
+
+    def use_redis(self, redis: Any, namespace: str) -> None:  # noqa: B027 - optional hook
+        """Called by the gateway before ``start`` with its Redis client and key namespace.
+
+        Transports that keep durable state in Redis (the HTTP inboxes) store it there;
+        the default ignores it.
+        """
+
+    def destination(self, message: Outbound) -> str:
+        """The queue ``message`` is delivered in order through: its channel by default.
+
+        The outbox keeps one ordered queue, rate limit and backoff per destination; an
+        inbox transport returns the inbox (recipient) instead.
+        """
+        return message.address.channel
 
     def health(self) -> Health:
         """The transport's current state."""
@@ -417,7 +443,20 @@ class Adapter(ABC):
 
 
 class DeliveryError(Exception):
-    """An outbound message could not be delivered (the gateway logs and reports it)."""
+    """An outbound message could not be delivered; the outbox retries it, then dead-letters it.
+
+    ``retry_after`` is the platform's hint (a rate limit's Retry-After, a full inbox) of
+    how many seconds to wait before trying this destination again; None when unknown.
+    ``code`` is a short machine-readable reason senders are shown (``inbox_full``,
+    ``rate_limited``, ...); ``delivery_failed`` when nothing more specific applies.
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, code: str = "delivery_failed"
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.code = code
 
 
 class ConfigError(ValueError):

@@ -126,7 +126,8 @@ class MemoryAdapter(Adapter):
         native_id: str | None = None,
         on_commit: CommitHook | None = None,
     ) -> Disposition:
-        """Play one native message into the gateway and return what it did with it.
+        """Play one native message into the gateway and return what it did with it,
+        once the messages it caused have been dispatched.
 
         ``is_self`` marks the gateway's own post; ``native_id`` replays a message the
         platform already knows (an echo of something sent); ``on_commit`` is the
@@ -144,7 +145,11 @@ class MemoryAdapter(Adapter):
             on_commit=on_commit,
         )
         self.received.append(envelope)
-        return await self.sink.on_envelope(envelope)
+        disposition = await self.sink.on_envelope(envelope)
+        # What the message caused goes out through the outbox: wait for it, so a test
+        # sees the relays in ``sent`` when this returns.
+        await self.sink.drain()
+        return disposition
 
     async def command(
         self,
@@ -164,7 +169,9 @@ class MemoryAdapter(Adapter):
             args=args,
             roles=tuple(roles),
         )
-        return await self.sink.on_command(request)
+        result = await self.sink.on_command(request)
+        await self.sink.drain()
+        return result
 
     def _claim(self, predicate: SentPredicate | None) -> Outbound | None:
         for index, message in enumerate(self.sent):

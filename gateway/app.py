@@ -31,6 +31,7 @@ from adapters.base import (
 from gateway.agents import AgentDirectory
 from gateway.commands import CancelNotice, Commands
 from gateway.config import ConfigError, GatewayConfig
+from gateway.dispatch import Dispatcher
 from gateway.leases import LeaseKeeper
 from gateway.metrics import Metrics
 from gateway.notices import format_duration
@@ -76,6 +77,8 @@ class Gateway:
         self.leases: dict[str, LeaseKeeper] = {}
         # Names this process as a lease holder (unique across hosts, processes, restarts).
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._outbox: Outbox | None = None
+        self._dispatcher: Dispatcher | None = None
         self._started = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------
@@ -110,12 +113,24 @@ class Gateway:
             done_seconds=cfg.replicas.inbound_dedupe_seconds,
         )
         self._cursors = CursorStore(redis, settings.namespace)
-        outbox = Outbox(self.adapters)
-        commands = Commands(cfg, self._store, directory, self._status_extras, self._on_cancel)
+        outbox = self._outbox = Outbox(
+            redis, settings.namespace, self.adapters, echo_ttl_seconds=cfg.outbox.echo_ttl_seconds
+        )
+        commands = Commands(
+            cfg, self._store, directory, self._status_extras, self._on_cancel, outbox=outbox
+        )
         self._pipeline = Pipeline(cfg, self._store, directory, outbox, self._metrics, commands)
+        self._dispatcher = Dispatcher(
+            outbox,
+            self.adapters,
+            cfg.outbox,
+            on_dead_letter=self._pipeline.on_dead_letter,
+            replica=self.replica_id,
+        )
         self._sweeper = Sweeper(self._store, self._pipeline.on_timeout, settings)
         self._sweeper.start()
         for name, adapter in self.adapters.items():
+            adapter.use_redis(redis, settings.namespace)
             if adapter.capabilities.single_connection:
                 lease = Lease(
                     redis, settings.namespace, f"transport:{name}", self.replica_id,
@@ -125,12 +140,20 @@ class Gateway:
                 continue
             await adapter.start(self)
             log.info("transport started", extra={"transport": name})
+        await self._dispatcher.start()
         self._started.set()
         for keeper in self.leases.values():
             keeper.start()
 
     async def stop(self) -> None:
-        """Stop transports, sweeps and state; safe to call twice."""
+        """Stop the outbox, transports, sweeps and state; safe to call twice.
+
+        Nothing is lost: what the outbox has not delivered stays journaled or queued in
+        Redis for the next dispatcher.
+        """
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
+            self._dispatcher = None
         for keeper in self.leases.values():
             await keeper.stop()  # stops its adapter and frees the lease for another replica
         for name, adapter in reversed(list(self.adapters.items())):
@@ -174,10 +197,25 @@ class Gateway:
         """The URL of the Redis the gateway uses (the embedded one's, when embedded)."""
         return self._redis.url if self._redis is not None else self.config.state.redis_url
 
+    @property
+    def outbox(self) -> Outbox:
+        """The outbox (after ``start``): stats, dead letters."""
+        if self._outbox is None:
+            raise RuntimeError("gateway not started")
+        return self._outbox
+
     async def sweep_once(self, now: float | None = None) -> None:
         """Run one timeout sweep now, as if the time were ``now`` (tests, operators)."""
         if self._sweeper is not None:
             await self._sweeper.run_once(now)
+        await self.drain()
+
+    async def drain(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109 - a plain bound
+        """Wait until what was journaled so far is dispatched (delivered, queued or
+        dead-lettered); False when this replica does not dispatch or it took too long."""
+        if self._dispatcher is None:
+            return False
+        return await self._dispatcher.drain(timeout)
 
     # -- GatewaySink -------------------------------------------------------------------
 
@@ -189,8 +227,9 @@ class Gateway:
         committed, before this returns.
         """
         await self._started.wait()
-        claim_key = self._claim_key(envelope)
+        claim_key: str | None = None
         try:
+            claim_key = await self._claim_key(envelope)
             if claim_key is not None:
                 found = await self._inbound_claims.claim(claim_key)
                 if found is Claim.DONE:
@@ -217,12 +256,12 @@ class Gateway:
         await self._committed(envelope, disposition)
         return disposition
 
-    def _claim_key(self, envelope: Envelope) -> str | None:
+    async def _claim_key(self, envelope: Envelope) -> str | None:
         """The inbound claim of ``envelope``, or None when it needs none."""
-        if envelope.native_id is None or self.pipeline.is_own(envelope):
-            return None
         adapter = self.adapters.get(envelope.transport)
         if adapter is not None and adapter.capabilities.fresh_native_ids:
+            return None
+        if envelope.native_id is None or await self.pipeline.is_own(envelope):
             return None
         return self._inbound_claims.key(envelope.transport, envelope.channel, envelope.native_id)
 
@@ -289,10 +328,17 @@ class Gateway:
             and all(s in (HealthState.UP, HealthState.STANDBY) for s in states)
             and not store.startswith("unreachable")
         )
+        dispatcher = self._dispatcher
+        outbox = {
+            "dispatching_here": dispatcher is not None and dispatcher.holding,
+            "error": None if dispatcher is None else dispatcher.last_error,
+            "blocked": dict(self._outbox.blocked) if self._outbox else {},
+        }
         return {
             "status": "ok" if ok else "degraded",
             "state_store": store,
             "transports": transports,
+            "outbox": outbox,
             "last_sweep": None if report is None else dataclasses.asdict(report),
             "outcomes": dict(self._metrics.outcomes) if self._metrics else {},
         }
@@ -321,6 +367,28 @@ class Gateway:
                 ", ".join(f"{n}: {t['state']}" for n, t in health["transports"].items()) or "none",
             ),
             ("last sweep", sweep),
+            *await self._outbox_status(),
+        ]
+
+    async def _outbox_status(self) -> list[tuple[str, str]]:
+        assert self._outbox is not None
+        stats = await self._outbox.stats()
+        queued = sum(stats["queued"].values())
+        dead = stats["dead_letters"]
+        return [
+            (
+                "outbox",
+                f"{stats['journal']} to dispatch, {queued} awaiting retry"
+                + (
+                    " (" + ", ".join(f"{d}: {n}" for d, n in sorted(stats["queued"].items())) + ")"
+                    if queued
+                    else ""
+                ),
+            ),
+            (
+                "dead letters",
+                ", ".join(f"{d}: {n}" for d, n in sorted(dead.items())) or "none",
+            ),
         ]
 
     async def _on_cancel(self, notice: CancelNotice) -> None:

@@ -17,6 +17,8 @@ from adapters.base import CommandRequest, CommandResult
 from gateway.agents import AgentDirectory, LearnedName
 from gateway.config import GatewayConfig
 from gateway.notices import format_duration
+from gateway.outbox import Outbox
+from gateway.outbox_commands import outbox_command
 from protocol.names import name_key
 from state.records import Conversation, ConvStatus, Outcome
 from state.store import ConversationStore
@@ -24,7 +26,7 @@ from state.store import ConversationStore
 log = logging.getLogger("bpgw.gateway.commands")
 
 READ_COMMANDS = frozenset({"status", "show", "list", "agents", "help"})
-OPERATOR_COMMANDS = frozenset({"cancel", "key", "identity"})
+OPERATOR_COMMANDS = frozenset({"cancel", "key", "identity", "outbox"})
 LIST_LIMIT = 25
 # `/protocol agents [offset] [limit]`: rows per page by default and at most.
 AGENTS_PAGE = 25
@@ -42,6 +44,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("cancel <RequestId> [reason]", "mark a conversation cancelled and tell both parties"),
     ("key <agent> <public-key|remove>", "register an agent's Ed25519 key: it must then sign"),
     ("identity show|reset <agent>", "who may speak as an agent; forget a learned binding"),
+    ("outbox [list|retry|drop] ...", "delivery queues and dead letters: list, re-send, discard"),
     ("help", "this list"),
 )
 
@@ -83,8 +86,11 @@ class Commands:
         directory: AgentDirectory,
         status_extras: Callable[[], Awaitable[Sequence[tuple[str, str]]]],
         on_cancel: Callable[[CancelNotice], Awaitable[None]],
+        *,
+        outbox: Outbox | None = None,
     ) -> None:
         self._config = config
+        self._outbox = outbox
         self._store = store
         self._directory = directory
         self._status_extras = status_extras
@@ -122,6 +128,7 @@ class Commands:
             "cancel": self._cancel,
             "key": self._key,
             "identity": self._identity,
+            "outbox": self._outbox_cmd,
             "help": self._help,
         }.get(cmd.name)
         if handler is None:
@@ -148,6 +155,11 @@ class Commands:
                 fields=(("error", f"{type(exc).__name__}: {exc}"),),
                 ok=False,
             )
+
+    async def _outbox_cmd(self, cmd: CommandRequest) -> CommandResult:
+        if self._outbox is None:
+            return CommandResult(title="no outbox in this process", ok=False)
+        return await outbox_command(self._outbox, cmd.args)
 
     async def _help(self, cmd: CommandRequest) -> CommandResult:
         return CommandResult(

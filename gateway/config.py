@@ -126,6 +126,29 @@ class ReplicasSection(_Section):
     inbound_dedupe_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
 
 
+class OutboxSection(_Section):
+    """``[outbox]``: durable delivery of everything the gateway sends (docs/gateway.md)."""
+
+    # Attempts per (message, destination) before it is dead-lettered.
+    max_attempts: int = Field(default=8, ge=1, le=1000)
+    backoff_base_seconds: float = Field(default=1.0, gt=0, le=3600)
+    backoff_max_seconds: float = Field(default=300.0, gt=0, le=86400)
+    # One adapter send may take this long before it counts as a failed attempt.
+    send_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    # Deliveries waiting for a retry per destination; beyond it they are dead-lettered.
+    queue_max: int = Field(default=10_000, ge=1, le=10_000_000)
+    # Dead letters kept per destination (the oldest go first beyond it; all are counted).
+    dead_letter_max: int = Field(default=10_000, ge=1, le=10_000_000)
+    # Sends per second per destination (0 = no limit); a platform's retry-after always holds.
+    rate_per_second: float = Field(default=0.0, ge=0, le=100_000)
+    # The replica dispatching the outbox holds a lease this long (renewed at a third).
+    lease_seconds: float = Field(default=15.0, ge=1, le=600)
+    # Journal entries dispatched per read.
+    batch: int = Field(default=256, ge=1, le=10_000)
+    # How long the gateway recognises its own posts when a platform shows them back.
+    echo_ttl_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+
+
 class PermissionsSection(_Section):
     """``[permissions]``: who may run operator commands.
 
@@ -166,6 +189,7 @@ class GatewayConfig(_Section):
     policy: PolicySection = Field(default_factory=PolicySection)
     replicas: ReplicasSection = Field(default_factory=ReplicasSection)
     permissions: PermissionsSection = Field(default_factory=PermissionsSection)
+    outbox: OutboxSection = Field(default_factory=OutboxSection)
     agents: dict[str, AgentSection] = Field(default_factory=dict)
     transports: dict[str, dict[str, Any]] = Field(default_factory=dict)
     mirrors: list[str] = Field(default_factory=list)

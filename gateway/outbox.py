@@ -1,63 +1,387 @@
-"""Delivery to adapters: one place that sends, logs failures and remembers our echoes.
+"""The durable outbox: every outbound message is journaled in Redis, then delivered.
 
-Every native id an outbound message becomes is remembered, so when a platform shows the
-gateway its own post again it is dropped before parsing (the first loop-prevention layer).
+A message accepted into state and the messages it causes are one commit: the pipeline
+hands the journal entry (text, ids, deliveries) to the state script, which appends it to
+the journal stream ``P ob:j`` in the same atomic step (``state/lua/common.lua``).
+Gateway-originated messages (notices, command replies, timeout and cancel RESPONSEs) are
+appended with ``enqueue``. The ``Dispatcher`` (gateway/dispatch.py) delivers them per
+destination with retries and dead letters. Layout and guarantees: docs/gateway.md
+("Outbox") and docs/state.md.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from adapters.base import Adapter, DeliveryError, Outbound, Receipt
-from gateway.guards import RecentSet
+import redis.asyncio as aioredis
+
+from adapters.base import Adapter, Address, Outbound, OutboundKind
+from state.keys import tagged_key
 
 log = logging.getLogger("bpgw.gateway.outbox")
 
-ECHO_TTL_SECONDS = 3600.0
+_to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+Delivery = tuple[str, str, str, str, str]
+"""One destination of a journal entry: transport, channel, thread, recipient, reply_to."""
+
+
+def destination(transport: str, key: str) -> str:
+    """The queue name of one destination: ``transport:key`` (key from ``Adapter.destination``)."""
+    return f"{transport}:{key}"
+
+
+class OutboxKeys:
+    """Key names of the outbox of one namespace (see docs/state.md, "Outbox keys")."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        p = "{" + namespace + "}:ob:"
+        self.journal = p + "j"  # stream, same slot as the conversations
+        self.dests = p + "dests"  # set of destinations with a retry queue or dead letters
+        self.blocked = p + "blocked"  # hash destination -> why it is not being delivered
+        self.stats = p + "stats"  # hash: dead:<dest>, dropped:<dest> counters
+
+    # Per-destination keys carry a hash tag of their own (state/keys.py), so a Redis
+    # Cluster spreads them over its shards.
+    def queue(self, dest: str) -> str:
+        """List of deliveries waiting for a retry to ``dest`` (oldest first)."""
+        return tagged_key(self.namespace, "ob:q", dest)
+
+    def dead(self, dest: str) -> str:
+        """Stream of dead letters of ``dest``."""
+        return tagged_key(self.namespace, "ob:dl", dest)
+
+    def echo(self, transport: str, native_id: str) -> str:
+        """Marker of one native id the gateway posted on ``transport`` (with a TTL)."""
+        return tagged_key(self.namespace, "ob:echo", transport) + ":" + native_id
+
+    def done(self, dest: str, entry_id: str) -> str:
+        """Idempotency key of one (message, destination): its native ids once sent."""
+        return tagged_key(self.namespace, "ob:done", dest) + ":" + entry_id
+
+
+def _address(a: Address | None) -> list[str] | None:
+    return None if a is None else [a.transport, a.channel, a.thread or ""]
+
+
+def journal_entry(
+    text: str,
+    kind: OutboundKind,
+    deliveries: Sequence[Delivery],
+    *,
+    request_id: str | None = None,
+    trace_id: str | None = None,
+    sender_at: Address | None = None,
+) -> str:
+    """One journal entry as JSON: what to send and where.
+
+    ``sender_at`` is where to tell the sender when a delivery is dead-lettered (None for
+    the gateway's own notices, so a failed notice never causes another).
+    """
+    return _to_json(
+        {
+            "k": str(kind),
+            "t": text,
+            "r": request_id or "",
+            "tr": trace_id or "",
+            "d": [list(d) for d in deliveries],
+            "s": _address(sender_at),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Item:
+    """One (message, destination) pair on its way out."""
+
+    entry_id: str
+    dest: str
+    out: Outbound
+    sender_at: Address | None
+    attempts: int = 0
+    next_at: float = 0.0
+    error: str = ""
+    first_failed_at: float = 0.0
+    code: str = ""
+
+    def to_json(self) -> str:
+        """Stored form in a retry queue or a dead-letter stream."""
+        o = self.out
+        return _to_json(
+            {
+                "e": self.entry_id,
+                "dest": self.dest,
+                "a": self.attempts,
+                "n": self.next_at,
+                "err": self.error,
+                "c": self.code,
+                "f": self.first_failed_at,
+                "o": [
+                    o.address.transport,
+                    o.address.channel,
+                    o.address.thread or "",
+                    o.recipient or "",
+                    o.reply_to or "",
+                    str(o.kind),
+                    o.text,
+                    o.request_id or "",
+                    o.trace_id or "",
+                    o.id or "",
+                ],
+                "s": _address(self.sender_at),
+            }
+        )
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> Item:
+        """Inverse of ``to_json``."""
+        d = json.loads(raw)
+        o = d["o"]
+        s = d.get("s")
+        return Item(
+            entry_id=d["e"],
+            dest=d["dest"],
+            out=Outbound(
+                Address(o[0], o[1], o[2] or None),
+                o[6],
+                OutboundKind(o[5]),
+                recipient=o[3] or None,
+                reply_to=o[4] or None,
+                request_id=o[7] or None,
+                trace_id=o[8] or None,
+                id=o[9] or None,
+            ),
+            sender_at=None if not s else Address(s[0], s[1], s[2] or None),
+            attempts=int(d.get("a", 0)),
+            next_at=float(d.get("n", 0.0)),
+            error=str(d.get("err", "")),
+            code=str(d.get("c", "")),
+            first_failed_at=float(d.get("f", 0.0)),
+        )
+
+
+def items_of(entry_id: str, raw: str, adapters: Mapping[str, Adapter]) -> list[Item]:
+    """The deliveries of one journal entry, each with its destination queue name."""
+    e = json.loads(raw)
+    kind = OutboundKind(e["k"])
+    s = e.get("s")
+    sender_at = None if not s else Address(s[0], s[1], s[2] or None)
+    out: list[Item] = []
+    for transport, channel, thread, recipient, reply_to in e["d"]:
+        o = Outbound(
+            Address(transport, channel, thread or None),
+            e["t"],
+            kind,
+            recipient=recipient or None,
+            reply_to=reply_to or None,
+            request_id=e["r"] or None,
+            trace_id=e["tr"] or None,
+            id=entry_id,
+        )
+        adapter = adapters.get(transport)
+        key = adapter.destination(o) if adapter is not None else channel
+        out.append(Item(entry_id, destination(transport, key), o, sender_at))
+    return out
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead-lettered delivery, as listed by ``bpgw outbox list``."""
+
+    id: str
+    dest: str
+    item: Item
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        o = self.item.out
+        return {
+            "id": self.id,
+            "destination": self.dest,
+            "address": str(o.address),
+            "recipient": o.recipient,
+            "kind": str(o.kind),
+            "request_id": o.request_id,
+            "trace_id": o.trace_id,
+            "attempts": self.item.attempts,
+            "code": self.item.code,
+            "error": self.item.error,
+            "at": self.at,
+            "text": o.text,
+        }
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 class Outbox:
-    """Sends ``Outbound`` messages through the adapter named by their address."""
+    """What the rest of the gateway sees of the outbox: enqueue, echoes, stats, dead letters.
 
-    def __init__(self, adapters: Mapping[str, Adapter]) -> None:
-        self._adapters = adapters
-        self._echoes = RecentSet(ECHO_TTL_SECONDS)
-        self.failures = 0
+    Works without a running dispatcher (the ``bpgw outbox`` CLI uses it on its own).
+    """
 
-    def is_echo(self, transport: str, native_id: str | None) -> bool:
-        """True when ``native_id`` on ``transport`` is a message the gateway sent."""
-        return native_id is not None and f"{transport}\0{native_id}" in self._echoes
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        namespace: str,
+        adapters: Mapping[str, Adapter] | None = None,
+        *,
+        echo_ttl_seconds: float = 3600.0,
+    ) -> None:
+        self.redis = redis
+        self.keys = OutboxKeys(namespace)
+        self._adapters: Mapping[str, Adapter] = adapters or {}
+        self.echo_ttl_seconds = echo_ttl_seconds
+        # Destinations known to be blocked (full inbox, failing), refreshed from Redis by
+        # the dispatcher loop of every replica: what a sender is warned about.
+        self.blocked: dict[str, str] = {}
 
     def adapter(self, transport: str) -> Adapter | None:
         """The adapter of that transport name, if it is enabled."""
         return self._adapters.get(transport)
 
-    async def send(self, out: Outbound) -> Receipt | None:
-        """Deliver ``out``; on failure log it with its ids and return None (never raises)."""
-        adapter = self._adapters.get(out.address.transport)
-        extra = {
-            "request_id": out.request_id,
-            "trace_id": out.trace_id,
-            "transport": out.address.transport,
-            "channel": out.address.channel,
-            "recipient": out.recipient,
+    def destination_of(self, address: Address, recipient: str | None) -> str:
+        """The destination queue a message to ``address`` (for ``recipient``) goes through."""
+        adapter = self._adapters.get(address.transport)
+        out = Outbound(address, "", recipient=recipient)
+        key = adapter.destination(out) if adapter is not None else address.channel
+        return destination(address.transport, key)
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def enqueue(self, entries: Iterable[str]) -> None:
+        """Append gateway-originated journal entries (one round trip for all of them)."""
+        batch = list(entries)
+        if not batch:
+            return
+        if len(batch) == 1:
+            await self.redis.xadd(self.keys.journal, {"m": batch[0]})
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry in batch:
+                pipe.xadd(self.keys.journal, {"m": entry})
+            await pipe.execute()
+
+    # -- echoes ------------------------------------------------------------------------
+
+    async def is_echo(self, transport: str, native_id: str | None) -> bool:
+        """True when ``native_id`` on ``transport`` is a message the gateway sent.
+
+        Shared by every replica (markers in Redis with a TTL); transports that never see
+        the gateway's posts skip the round trip.
+        """
+        if native_id is None:
+            return False
+        adapter = self._adapters.get(transport)
+        if adapter is not None and adapter.capabilities.fresh_native_ids:
+            return False
+        return bool(await self.redis.exists(self.keys.echo(transport, native_id)))
+
+    # -- stats and dead letters ----------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """Depth and dead letters, for status, health and metrics.
+
+        ``journal`` entries not yet dispatched; ``queued`` deliveries awaiting a retry
+        per destination; ``dead_letters`` kept per destination; ``dead_lettered`` ever
+        counted per destination; ``blocked`` destinations with the reason.
+        """
+        k = self.keys
+        dests = sorted(_text(d) for d in await self.redis.smembers(k.dests))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xlen(k.journal)
+            pipe.hgetall(k.stats)
+            pipe.hgetall(k.blocked)
+            for d in dests:
+                pipe.llen(k.queue(d))
+                pipe.xlen(k.dead(d))
+            raw = await pipe.execute()
+        journal, counters, blocked = int(raw[0]), raw[1], raw[2]
+        queued: dict[str, int] = {}
+        dead: dict[str, int] = {}
+        for i, d in enumerate(dests):
+            q, dl = int(raw[3 + 2 * i]), int(raw[4 + 2 * i])
+            if q:
+                queued[d] = q
+            if dl:
+                dead[d] = dl
+        ever = {
+            _text(name)[5:]: int(n)
+            for name, n in counters.items()
+            if _text(name).startswith("dead:")
         }
-        if adapter is None:
-            self.failures += 1
-            log.error("no enabled transport for address", extra=extra)
-            return None
-        try:
-            receipt = await adapter.send(out)
-        except DeliveryError as exc:
-            self.failures += 1
-            log.error("delivery failed: %s", exc, extra=extra)
-            return None
-        except Exception:  # an adapter bug must not take the pipeline down
-            self.failures += 1
-            log.exception("adapter raised while sending", extra=extra)
-            return None
-        for native_id in receipt.native_ids:
-            self._echoes.add(f"{out.address.transport}\0{native_id}")
-        log.debug("delivered", extra={**extra, "native_id": ",".join(receipt.native_ids)})
-        return receipt
+        return {
+            "journal": journal,
+            "queued": queued,
+            "dead_letters": dead,
+            "dead_lettered": ever,
+            "blocked": {_text(a): _text(b) for a, b in blocked.items()},
+        }
+
+    async def dead_letters(self, dest: str | None = None, limit: int = 50) -> list[DeadLetter]:
+        """Dead letters, oldest first, of one destination or of all (up to ``limit``)."""
+        dests = [dest] if dest else sorted(_text(d) for d in await self.redis.smembers(
+            self.keys.dests))
+        found: list[DeadLetter] = []
+        for d in dests:
+            rows: Any = await self.redis.xrange(self.keys.dead(d), count=limit - len(found))
+            for sid, fields in rows:
+                item = Item.from_json(fields["m"])
+                found.append(DeadLetter(_text(sid), d, item, float(fields.get("at", 0.0))))
+            if len(found) >= limit:
+                break
+        return found
+
+    async def _take(self, ids: Sequence[str], dest: str | None) -> list[DeadLetter]:
+        """Remove the dead letters ``ids`` (all when empty) and return them."""
+        letters = await self.dead_letters(dest, limit=100_000)
+        wanted = set(ids)
+        chosen = [dl for dl in letters if not wanted or dl.id in wanted]
+        for dl in chosen:
+            await self.redis.xdel(self.keys.dead(dl.dest), dl.id)
+        return chosen
+
+    async def retry(self, ids: Sequence[str], dest: str | None = None) -> int:
+        """Put dead letters back on their destination's retry queue; returns how many.
+
+        ``ids`` empty means every dead letter (of ``dest`` when given). A re-sent message
+        gets a fresh inbox id: it was not delivered, so the once-only check must not stop it.
+        """
+        taken = await self._take(ids, dest)
+        for dl in taken:
+            item = dl.item
+            fresh = Item(
+                item.entry_id,
+                item.dest,
+                Outbound(
+                    item.out.address,
+                    item.out.text,
+                    item.out.kind,
+                    recipient=item.out.recipient,
+                    reply_to=item.out.reply_to,
+                    request_id=item.out.request_id,
+                    trace_id=item.out.trace_id,
+                ),
+                item.sender_at,
+            )
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(self.keys.dests, dl.dest)
+                pipe.rpush(self.keys.queue(dl.dest), fresh.to_json())
+                await pipe.execute()
+        if taken:
+            log.info("re-queued %d dead letter(s)", len(taken))
+        return len(taken)
+
+    async def drop(self, ids: Sequence[str], dest: str | None = None) -> int:
+        """Discard dead letters for good; returns how many (``ids`` empty: all)."""
+        taken = await self._take(ids, dest)
+        if taken:
+            log.info("discarded %d dead letter(s)", len(taken))
+        return len(taken)

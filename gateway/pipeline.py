@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from adapters.base import (
     Address,
@@ -17,7 +18,6 @@ from adapters.base import (
     CommandResult,
     Disposition,
     Envelope,
-    Outbound,
     OutboundKind,
 )
 from gateway import notices
@@ -27,7 +27,7 @@ from gateway.config import GatewayConfig, parse_address
 from gateway.guards import PairBudget, RecentSet
 from gateway.logs import ids
 from gateway.metrics import Metrics
-from gateway.outbox import Outbox
+from gateway.outbox import Item, Outbox, journal_entry
 from protocol import (
     DEPTH_BOUNDED_TYPES,
     Depth,
@@ -93,15 +93,17 @@ class Pipeline:
 
     # -- entry points -------------------------------------------------------------
 
-    def is_own(self, env: Envelope) -> bool:
+    async def is_own(self, env: Envelope) -> bool:
         """True for the gateway's own message or a relayed copy (dropped first)."""
-        return env.author.is_self or env.relayed or self._outbox.is_echo(
-            env.transport, env.native_id
+        return (
+            env.author.is_self
+            or env.relayed
+            or await self._outbox.is_echo(env.transport, env.native_id)
         )
 
     async def handle(self, env: Envelope) -> Disposition:
         """Run one inbound envelope through the pipeline."""
-        if self.is_own(env):
+        if await self.is_own(env):
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )
@@ -237,7 +239,11 @@ class Pipeline:
             return await self._reject(env, msg, rejection)
         fp = fingerprint(msg)
         if fp in self._recent:
-            return Disposition("duplicate", "seen recently; not relayed again", (msg.request_id,))
+            return Disposition(
+                "duplicate",
+                "already accepted: seen recently; it is delivered once, not again",
+                (msg.request_id,),
+            )
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
         budget = self._budget.check(msg.sender, msg.to, env.identity)
         if not budget.allowed:
@@ -249,11 +255,16 @@ class Pipeline:
             )
             return await self._reject(env, msg, _Rejection("loop", reason), notify=budget.tripped)
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
-        applied = await self._store.apply(msg, origin, fingerprint=fp)
+        targets = await self._targets(msg, env.address, None)
+        # The relays are journaled in the same atomic step as the state change.
+        entry = self._entry(msg, targets, sender_at=env.address) if targets else ""
+        applied = await self._store.apply(msg, origin, fingerprint=fp, journal=entry)
         if applied.outcome is Outcome.DUPLICATE:
             self._recent.add(fp)
             log.info("duplicate message counted once", extra=ids(msg, transport=env.transport))
-            return Disposition("duplicate", applied.reason, (msg.request_id,))
+            return Disposition(
+                "duplicate", f"already accepted: {applied.reason}", (msg.request_id,)
+            )
         if applied.outcome is Outcome.DEPTH:
             return await self._reject(
                 env, msg, _Rejection("depth", applied.reason), conv=applied.conversation
@@ -263,8 +274,23 @@ class Pipeline:
                 env, msg, _Rejection(str(applied.outcome), applied.reason, violation=False)
             )
         self._recent.add(fp)
-        delivered = await self._relay(msg, env.address, applied.conversation)
-        if not delivered and not msg.is_broadcast:
+        if log.isEnabledFor(logging.INFO):  # the hot path: build the context only if logged
+            log.info(
+                "message accepted",
+                extra=ids(
+                    msg,
+                    transport=env.transport,
+                    outcome=str(applied.outcome),
+                    reason=f"queued for {len(targets)}",
+                ),
+            )
+        warnings = self._warnings(msg, targets)
+        if (
+            not msg.is_broadcast
+            and not any(r for _, r in targets)
+            and not await self._directory.addresses(msg.to)
+        ):
+            warnings.insert(0, _no_address(msg))
             await self._notify(
                 env.address,
                 notices.rejected(
@@ -276,20 +302,37 @@ class Pipeline:
                 ),
                 reply_to=env.native_id,
             )
-        if log.isEnabledFor(logging.INFO):  # the hot path: build the context only if logged
-            log.info(
-                "message accepted",
-                extra=ids(
-                    msg,
-                    transport=env.transport,
-                    outcome=str(applied.outcome),
-                    reason=f"relayed to {len(delivered)}",
-                ),
-            )
         detail = "orphan RESPONSE kept" if applied.outcome is Outcome.ORPHAN else "applied"
         return Disposition(
-            "accepted", f"{detail}; relayed to {len(delivered)} address(es)", (msg.request_id,)
+            "accepted",
+            f"{detail}; queued for delivery to {len(targets)} address(es)",
+            (msg.request_id,),
+            warnings=tuple(warnings),
         )
+
+    def _warnings(
+        self, msg: Message, targets: list[tuple[Address, str | None]]
+    ) -> list[dict[str, Any]]:
+        """What the sender should know about where its message is going right now."""
+        out: list[dict[str, Any]] = []
+        blocked = self._outbox.blocked
+        if not blocked:
+            return out
+        for address, recipient in targets:
+            why = blocked.get(self._outbox.destination_of(address, recipient))
+            if why is not None:
+                code, _, detail = why.partition("\t")
+                out.append(
+                    {
+                        "code": code or "delivery_failing",
+                        "agent": recipient,
+                        "address": str(address),
+                        "request_id": msg.request_id,
+                        "detail": (detail or code)
+                        + "; the message is queued and retried, then dead-lettered",
+                    }
+                )
+        return out
 
     async def _authenticate(self, env: Envelope, msg: Message) -> _Rejection | None:
         check = await self._directory.check_sender(msg.sender, env.identity, env.address)
@@ -407,6 +450,38 @@ class Pipeline:
             out.append((_in_thread(address, conv), recipient))
         return out
 
+    def _entry(
+        self,
+        msg: Message,
+        targets: list[tuple[Address, str | None]],
+        *,
+        sender_at: Address | None = None,
+        conv: Conversation | None = None,
+    ) -> str:
+        """The journal entry relaying ``msg`` to ``targets``.
+
+        With ``conv`` the placement (thread, reply-to) is resolved here; without it the
+        state script resolves it from the conversation's origin in the same commit.
+        """
+        deliveries = [
+            (
+                a.transport,
+                a.channel,
+                a.thread or "",
+                recipient or "",
+                (_reply_to(a, conv) or "") if conv is not None else "",
+            )
+            for a, recipient in targets
+        ]
+        return journal_entry(
+            render(msg),
+            OutboundKind.PROTOCOL,
+            deliveries,
+            request_id=msg.request_id,
+            trace_id=msg.trace_id,
+            sender_at=sender_at,
+        )
+
     async def _relay(
         self,
         msg: Message,
@@ -414,32 +489,16 @@ class Pipeline:
         conv: Conversation | None,
         *,
         also: tuple[Address, ...] = (),
-    ) -> list[Address]:
-        """Send ``msg`` to its targets (plus ``also``); returns where it was delivered."""
+    ) -> None:
+        """Journal a gateway-built ``msg`` for its targets (plus ``also``)."""
         targets = await self._targets(msg, seen_at, conv)
         have = {(a.transport, a.channel) for a, _ in targets}
         for extra_addr in also:
             if (extra_addr.transport, extra_addr.channel) not in have:
                 have.add((extra_addr.transport, extra_addr.channel))
-                targets.append((extra_addr, None))
-        text = render(msg)
-        delivered: list[Address] = []
-        for address, recipient in targets:
-            receipt = await self._outbox.send(
-                Outbound(
-                    address,
-                    text,
-                    OutboundKind.PROTOCOL,
-                    recipient=recipient,
-                    reply_to=_reply_to(address, conv),
-                    request_id=msg.request_id,
-                    trace_id=msg.trace_id,
-                    message=msg,
-                )
-            )
-            if receipt is not None:
-                delivered.append(address)
-        return delivered
+                targets.append((_in_thread(extra_addr, conv), None))
+        if targets:
+            await self._outbox.enqueue([self._entry(msg, targets, conv=conv)])
 
     async def _gateway_response(
         self,
@@ -472,15 +531,33 @@ class Pipeline:
         request_id: str | None = None,
         trace_id: str | None = None,
     ) -> None:
-        await self._outbox.send(
-            Outbound(
-                address,
-                text,
-                OutboundKind.NOTICE,
-                reply_to=reply_to,
-                request_id=request_id,
-                trace_id=trace_id,
-            )
+        """Journal a notice (a failed notice is dead-lettered without telling anyone)."""
+        entry = journal_entry(
+            text,
+            OutboundKind.NOTICE,
+            [(address.transport, address.channel, address.thread or "", "", reply_to or "")],
+            request_id=request_id,
+            trace_id=trace_id,
+        )
+        await self._outbox.enqueue([entry])
+
+    async def on_dead_letter(self, item: Item) -> None:
+        """Tell the sender when its message could not be delivered (dispatcher callback)."""
+        out = item.out
+        if item.sender_at is None or out.kind is not OutboundKind.PROTOCOL:
+            return
+        who = f"@{out.recipient}" if out.recipient else str(out.address)
+        await self._notify(
+            item.sender_at,
+            notices.rejected(
+                f"delivery to {who}",
+                f"gave up after {item.attempts} attempt(s) ({item.error}); the message is "
+                "dead-lettered and an operator can re-send it (/protocol outbox)",
+                out.request_id,
+                out.trace_id,
+            ),
+            request_id=out.request_id,
+            trace_id=out.trace_id,
         )
 
     def _count(self, disposition: Disposition) -> Disposition:
@@ -518,6 +595,17 @@ def _identity_rejection(check: SenderCheck, msg: Message, identity: str) -> _Rej
             "/protocol identity reset NAME",
         )
     return _Rejection("impersonation", f"{identity} may not speak as @{name}")
+
+
+def _no_address(msg: Message) -> dict[str, Any]:
+    return {
+        "code": "no_address",
+        "agent": msg.to,
+        "address": None,
+        "request_id": msg.request_id,
+        "detail": f"@{msg.to} has no known address; the conversation is tracked but nothing "
+        "was sent to it",
+    }
 
 
 def _who_timed_out(conv: Conversation) -> tuple[str, float]:

@@ -194,12 +194,17 @@ class ConversationStore:
     # -- transitions ---------------------------------------------------------------
 
     async def apply(self, msg: Message, origin: Origin, *, now: float | None = None,
-                    fingerprint: str | None = None) -> ApplyResult:
+                    fingerprint: str | None = None, journal: str = "") -> ApplyResult:
         """Apply one protocol message to its conversation in one round trip.
 
         ``fingerprint`` is ``protocol.fingerprint(msg)`` when the caller has it already.
+        ``journal`` is an outbox journal entry (JSON, see ``gateway.outbox``) appended to
+        the journal stream ``P ob:j`` in the same atomic step when the message is accepted
+        (applied, or kept as an orphan), so state and outbound messages commit together.
         """
         keys, args = self._message_call(msg, origin, now, fingerprint)
+        if journal:
+            args.append(journal)
         return self._result(msg.request_id, msg.trace_id, str(msg.type),
                             await self._apply_one(keys=keys, args=args))
 
@@ -225,10 +230,11 @@ class ConversationStore:
                                 now=now)
 
     async def close(self, request_id: str, *, status: ConvStatus, by: str, reason: str,
-                    now: float | None = None) -> ApplyResult:
+                    now: float | None = None, journal: str = "") -> ApplyResult:
         """End an active conversation in a terminal ``status`` on the gateway's own account.
 
-        The history records ``by`` and ``reason`` (event CANCEL for cancelled, else CLOSE).
+        The history records ``by`` and ``reason`` (event CANCEL for cancelled, else CLOSE);
+        ``journal`` as in ``apply``.
         """
         if status not in TERMINAL:
             raise ValueError(f"close needs a terminal status, not {status}")
@@ -236,6 +242,8 @@ class ConversationStore:
             "CLOSE", request_id, by, "", 0, 0, str(status), "", "",
             _clip(reason, EXCERPT_CHARS), "", Origin(transport="gateway", channel=""), None, now,
         )
+        if journal:
+            args.append(journal)
         return self._result(request_id, None, "CLOSE",
                             await self._apply_one(keys=keys, args=args))
 

@@ -69,6 +69,7 @@ async def test_blocks_past_the_per_message_cap_are_refused_and_reported(gw: Gate
         for b in blocks:
             stored = await gw.store.get(b.request_id, with_history=False)
             assert (stored is not None) == (b.request_id in opened)
+        await gw.drain()  # notices go out through the outbox
         async with http.get(f"{url(gw)}/v1/agents/dave/inbox", headers=auth("dave")) as r:
             notes = [m["text"] for m in (await r.json())["messages"] if m["kind"] == "notice"]
         assert any("at most 3 per message" in n for n in notes), notes
@@ -84,6 +85,7 @@ async def test_every_block_counts_against_the_pair_budget(gw: Gateway) -> None:
         status, body = await post(http, gw, "dave", "\n\n".join(render(b) for b in more))
     # Budget 4: the fourth block passes, the fifth trips it.
     assert status == 422 and "loop:" in body["detail"]
+    await gw.drain()  # relays go out through the outbox
     assert len(sent_to(side, "mantis-room", OutboundKind.PROTOCOL)) == 4
 
 
@@ -101,4 +103,5 @@ async def test_aliases_of_one_token_share_one_budget(gw: Gateway) -> None:
                     assert status == 422 and "loop:" in body["detail"], body
     # Budget 4 per window for http:dave -> Mantis, however many names dave uses.
     assert accepted == 4
+    await gw.drain()
     assert len(sent_to(side, "mantis-room", OutboundKind.PROTOCOL)) == 4

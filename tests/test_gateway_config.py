@@ -14,6 +14,7 @@ from gateway.config import (
     ConfigError,
     GatewayConfig,
     GatewaySection,
+    OutboxSection,
     PermissionsSection,
     PolicySection,
     StateSection,
@@ -42,6 +43,7 @@ def test_example_file_is_valid_and_documents_every_key() -> None:
         "state": StateSection,
         "policy": PolicySection,
         "permissions": PermissionsSection,
+        "outbox": OutboxSection,
         "agents.X": AgentSection,
     }
     for section, model in sections.items():

@@ -61,6 +61,7 @@ async def test_http_agent_and_chat_agent_talk_through_the_gateway(
             ) as resp:
                 body = await resp.json()
                 assert resp.status == 200 and body["outcome"] == "accepted", body
+            await gw.drain()  # delivery is asynchronous, through the outbox
             relayed = sent_to(side, "mantis-room", OutboundKind.PROTOCOL)
             assert [parse(o.text).messages[0] for o in relayed] == [req]
 
@@ -112,6 +113,7 @@ async def test_http_malformed_and_impersonation_are_4xx_with_reasons(
                 body = await resp.json()
             assert resp.status == 422 and "impersonation" in body["detail"]
             # The notices landed in Lotbot's own inbox (its HTTP address).
+            await gw.drain()
             async with http.get(f"{base}/v1/agents/Lotbot/inbox", headers=auth) as resp:
                 inbox = await resp.json()
             kinds = [m["kind"] for m in inbox["messages"]]

@@ -66,6 +66,9 @@ class RecordingSink:
     def health(self) -> dict[str, Any]:
         return self.health_report
 
+    async def drain(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
+        return True
+
 
 OPTIONS: dict[str, Any] = {
     "port": 0,

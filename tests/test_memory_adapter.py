@@ -51,6 +51,9 @@ class EchoSink:
     def health(self) -> dict[str, Any]:
         return {}
 
+    async def drain(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
+        return True
+
 
 async def started(options: dict[str, Any] | None = None, *, echo: bool = False) -> MemoryAdapter:
     adapter = create_adapter("memory", "mem", options or {})

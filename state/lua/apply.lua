@@ -8,6 +8,7 @@
 --   23 canonical key of from, 24 canonical key of to (protocol.names.name_key)
 -- Parties compare by those keys (header fields 17 requester key, 18 assignee key), so
 -- @mantis and @Mantis are one agent here exactly as in the gateway.
+--   ARGV[3] the outbox journal entry to append when the message is accepted ("" = none).
 -- Returns {outcome, reason, previous status, record blob or false}.
 -- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD; any later step is GET + SET
 -- plus only the indices that change (see reindex in common.lua).
@@ -18,6 +19,12 @@ local fk = a[23]
 local dc, dm = a[5], a[6]
 local fp, now = a[11], a[12]
 local ev = {typ, from, to, dc, dm, '', a[13], a[16], now, a[10], fp}
+
+-- An accepted step: journal its outbound messages with it, then answer.
+local function accept(st, blob, h)
+  journal(h)
+  return {'applied', '', st, blob}
+end
 
 local blob
 if typ == 'REQUEST' or typ == 'BROADCAST' then
@@ -32,6 +39,7 @@ if typ == 'REQUEST' or typ == 'BROADCAST' then
   blob = redis.call('SET', key, new, 'NX', 'GET')
   if not blob then
     enter(id, h)
+    journal(h)
     return {'applied', '', false, new}
   end
 else
@@ -50,6 +58,7 @@ if not blob then
     redis.call('APPEND', okey, cjson.encode(ev) .. '\n')
     redis.call('EXPIRE', okey, math.ceil(a[22]))
     redis.call('ZADD', P .. 'orph', now, id)
+    journal(nil)
     return {'orphan', 'no conversation ' .. id .. ' is known here; the RESPONSE from ' .. from ..
             ' was kept as an orphan for review.', false, false}
   end
@@ -86,7 +95,7 @@ if typ == 'CLOSE' then
   -- An operator's cancel or the gateway's own close: field 7 is the terminal status.
   ev[1] = a[7] == 'cancelled' and 'CANCEL' or 'CLOSE'
   ev[4], ev[5] = h[6], h[7]
-  return {'applied', '', st, move(key, id, h, body, a[7], 0, now, ev)}
+  return accept(st, move(key, id, h, body, a[7], 0, now, ev), h)
 end
 -- On a conversation sent to @all, the first agent other than the requester that
 -- speaks for it (CLARIFY, HANDOFF or the answer) becomes its assignee.
@@ -113,11 +122,11 @@ h[6] = dc
 
 if typ == 'RESPONSE' then
   if st == 'clarifying' and fk == rk then
-    return {'applied', '', st, move(key, id, h, body, 'open', now + a[18], now, ev)}
+    return accept(st, move(key, id, h, body, 'open', now + a[18], now, ev), h)
   end
   local final = a[7]
   if final == '' then final = 'done' end
-  return {'applied', '', st, move(key, id, h, body, final, 0, now, ev)}
+  return accept(st, move(key, id, h, body, final, 0, now, ev), h)
 end
 if typ == 'CLARIFY' then
   if st == 'clarifying' then
@@ -125,12 +134,10 @@ if typ == 'CLARIFY' then
             ' to answer a question; answer it before asking another.', st, blob}
   end
   h[18] = hk
-  return {'applied', '', st,
-          move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder)}
+  return accept(st, move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder), h)
 end
 if typ == 'HANDOFF' then
   h[18] = a[24]
-  return {'applied', '', st,
-          move(key, id, h, body, 'handed_off', now + a[19], now, ev, to)}
+  return accept(st, move(key, id, h, body, 'handed_off', now + a[19], now, ev, to), h)
 end
 return {'illegal', 'unknown message type ' .. typ .. '.', st, blob}

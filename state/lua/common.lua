@@ -81,6 +81,29 @@ local function move(key, id, h, body, st, deadline, now, ev, assignee)
   return blob
 end
 
+-- Append the outbox journal entry ARGV[3] (JSON, "" for none) for an accepted message,
+-- in the same atomic step as the state change (docs/gateway.md, "Outbox"). Each
+-- delivery d = {transport, channel, thread, recipient, reply_to}; one on the channel
+-- where conversation h started goes into its thread and replies to its first message.
+-- h is nil for an orphan RESPONSE (no conversation: no placement).
+local function journal(h)
+  local j = ARGV[3]
+  if not j or j == '' then return end
+  if h then
+    local e = cjson.decode(j)
+    local moved = false
+    for _, d in ipairs(e.d) do
+      if d[1] == h[13] and d[2] == h[14] then
+        if d[3] == '' then d[3] = h[15] end
+        d[5] = h[16]
+        moved = true
+      end
+    end
+    if moved then j = cjson.encode(e) end
+  end
+  redis.call('XADD', P .. 'ob:j', '*', 'm', j)
+end
+
 -- Call f with the items of list in slices (Lua's unpack takes a few thousand at most).
 local function sliced(list, f)
   for i = 1, #list, 1000 do

@@ -1,0 +1,464 @@
+"""The outbox dispatcher: journal -> per-destination delivery, retries, dead letters.
+
+One replica at a time dispatches (a lease in Redis, taken over within ``lease_seconds``
+of its holder dying). It reads the journal through a consumer group, so entries it read
+but did not finish stay pending and are replayed: by itself after a restart, or by the
+next holder (XAUTOCLAIM). Each destination (``transport:channel``, or an agent's inbox)
+is delivered in journal order: while a destination has a retry queue, new messages for it
+join the queue behind the failed one, so order per conversation holds. A delivery that
+fails is retried with exponential backoff and jitter (honouring a platform's
+``retry_after``); after ``max_attempts`` it is dead-lettered: kept, counted, listable and
+re-sendable (``bpgw outbox``), and the sender is told.
+
+Once-only delivery per (message, destination): inbox transports refuse a journal id they
+have already taken (adapters/http/inbox.py); for other transports the dispatcher checks
+the idempotency key ``done`` before re-sending a replayed entry and records the native ids
+after sending. Design and the remaining windows: docs/gateway.md ("Outbox").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from adapters.base import Adapter, DeliveryError, Receipt
+from gateway.config import OutboxSection
+from gateway.outbox import Item, Outbox, items_of
+from state.leases import Lease
+
+log = logging.getLogger("bpgw.gateway.dispatch")
+
+GROUP = "dispatch"
+BLOCK_MS = 1000
+"""How long one journal read waits for a new entry (bounds lease and stop latency)."""
+HOUSEKEEPING_SECONDS = 1.0
+"""How often the blocked-destination view and the retry-queue registry are re-read."""
+DONE_TTL_SECONDS = 7 * 86400
+
+_Writes = list[Callable[[Any], Any]]
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Dispatcher:
+    """Delivers the journal of one namespace through the enabled adapters."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        adapters: Mapping[str, Adapter],
+        settings: OutboxSection,
+        *,
+        on_dead_letter: Callable[[Item], Awaitable[None]],
+        replica: str | None = None,
+    ) -> None:
+        self._outbox = outbox
+        self._redis = outbox.redis
+        self._keys = outbox.keys
+        self._adapters = adapters
+        self._s = settings
+        self._on_dead = on_dead_letter
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self._lease = Lease(self._redis, outbox.keys.namespace, "outbox", self.replica,
+                            settings.lease_seconds)
+        self._epoch = 0
+        self._holding = False
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._backlog: set[str] = set()
+        self._next_send: dict[str, float] = {}
+        self._done_id = (0, 0)
+        self._progress = asyncio.Condition()
+        self._housekept = 0.0
+        self.last_error: str | None = None
+
+    @property
+    def holding(self) -> bool:
+        """True while this replica holds the dispatch lease."""
+        return self._holding
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the consumer group if needed and start dispatching in the background."""
+        await self._ensure_group()
+        self._stopping = False
+        # Take the lease now when it is free, so ``holding`` is true from the start.
+        if await self._try_hold():
+            await self._take_over()
+        self._task = asyncio.create_task(self._run(), name="bpgw-outbox-dispatch")
+
+    async def stop(self) -> None:
+        """Stop dispatching and give the lease back, so another replica takes over at once."""
+        self._stopping = True
+        tasks = [t for t in (self._task, self._keepalive, *self._workers.values()) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = self._keepalive = None
+        self._workers.clear()
+        if self._holding:
+            self._holding = False
+            try:
+                await self._lease.release(self._epoch)
+            except Exception as exc:  # Redis gone: the lease expires by itself
+                log.warning("could not release the dispatch lease: %s", exc)
+
+    async def drain(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109 - a plain bound
+        """Wait until every journal entry written so far has been dispatched here.
+
+        Dispatched means delivered, queued for a retry or dead-lettered. False when that
+        did not happen within ``timeout`` (another replica dispatches, or Redis is down).
+        """
+        if not self._holding:
+            return False  # another replica dispatches: nothing to wait for here
+        try:
+            info = await self._redis.xinfo_stream(self._keys.journal)
+        except ResponseError:
+            return True  # no journal yet
+        except RedisError:
+            return False  # the store is unreachable: nothing can be dispatched now
+        target = _id_key(str(info["last-generated-id"]))
+        try:
+            async with asyncio.timeout(timeout), self._progress:
+                await self._progress.wait_for(lambda: self._done_id >= target)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self._redis.xgroup_create(self._keys.journal, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        pause = 0.1
+        while not self._stopping:
+            try:
+                if not self._holding:
+                    if not await self._try_hold():
+                        await self._housekeeping(force=True)
+                        await asyncio.sleep(HOUSEKEEPING_SECONDS)
+                        continue
+                    await self._take_over()
+                resp: Any = await self._redis.xreadgroup(
+                    GROUP, self.replica, {self._keys.journal: ">"},
+                    count=self._s.batch, block=BLOCK_MS,
+                )
+                if resp:
+                    await self._dispatch(resp[0][1], replay=False)
+                await self._housekeeping()
+                pause = 0.1
+                self.last_error = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis outage: report, back off, start over
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("outbox dispatch failed, retrying: %s", self.last_error)
+                self._holding = False
+                if "NOGROUP" in str(exc):
+                    try:
+                        await self._ensure_group()
+                    except Exception:
+                        log.debug("group not created yet", exc_info=True)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
+    async def _try_hold(self) -> bool:
+        if self._holding and self._epoch:
+            return await self._lease.renew(self._epoch)
+        self._epoch = await self._lease.acquire()
+        return bool(self._epoch)
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease every third of its life; on losing it stop dispatching."""
+        while self._holding and not self._stopping:
+            await asyncio.sleep(self._s.lease_seconds / 3)
+            try:
+                if not await self._try_hold():
+                    log.warning("lost the outbox dispatch lease to another replica")
+                    self._holding = False
+            except Exception as exc:
+                log.warning("could not renew the dispatch lease: %s", exc)
+
+    async def _take_over(self) -> None:
+        """Became the dispatcher: claim what a dead one left, replay our pending entries."""
+        self._holding = True
+        if self._keepalive is None or self._keepalive.done():
+            self._keepalive = asyncio.create_task(self._keep_lease())
+        log.info("this replica dispatches the outbox", extra={"reason": self.replica})
+        journal = self._keys.journal
+        cursor = "0-0"
+        while True:
+            res: Any = await self._redis.xautoclaim(
+                journal, GROUP, self.replica, min_idle_time=0, start_id=cursor,
+                count=self._s.batch,
+            )
+            cursor = str(res[0])
+            if cursor == "0-0":
+                break
+        last = "0"
+        while True:
+            resp: Any = await self._redis.xreadgroup(
+                GROUP, self.replica, {journal: last}, count=self._s.batch
+            )
+            entries = resp[0][1] if resp else []
+            if not entries:
+                break
+            await self._dispatch(entries, replay=True)
+            last = str(entries[-1][0])
+        for dest in await self._redis.smembers(self._keys.dests):
+            name = str(dest)
+            if await self._redis.llen(self._keys.queue(name)):
+                self._backlog.add(name)
+                self._ensure_worker(name)
+
+    async def _housekeeping(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._housekept < HOUSEKEEPING_SECONDS:
+            return
+        self._housekept = now
+        raw = await self._redis.hgetall(self._keys.blocked)
+        self._outbox.blocked = {str(k): str(v) for k, v in raw.items()}
+        if self._holding:
+            # Dead letters re-queued by `bpgw outbox retry` (another process) land here.
+            for dest in await self._redis.smembers(self._keys.dests):
+                name = str(dest)
+                if name not in self._backlog and await self._redis.llen(self._keys.queue(name)):
+                    self._backlog.add(name)
+                    self._ensure_worker(name)
+
+    # -- dispatching a batch -----------------------------------------------------------
+
+    async def _dispatch(self, entries: Sequence[Any], *, replay: bool) -> None:
+        groups: dict[str, list[Item]] = {}
+        ids: list[str] = []
+        for entry_id, fields in entries:
+            eid = str(entry_id)
+            ids.append(eid)
+            if not fields or "m" not in fields:
+                continue  # deleted under us (already dispatched): nothing to do
+            try:
+                items = items_of(eid, fields["m"], self._adapters)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                log.error("unreadable journal entry %s skipped: %s", eid, exc)
+                continue
+            for item in items:
+                groups.setdefault(item.dest, []).append(item)
+        writes: _Writes = []
+        await asyncio.gather(
+            *(self._to_dest(dest, items, replay, writes) for dest, items in groups.items())
+        )
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for write in writes:
+                write(pipe)
+            pipe.xack(self._keys.journal, GROUP, *ids)
+            pipe.xdel(self._keys.journal, *ids)
+            await pipe.execute()
+        async with self._progress:
+            self._done_id = max(self._done_id, _id_key(ids[-1]))
+            self._progress.notify_all()
+
+    def _lock(self, dest: str) -> asyncio.Lock:
+        lock = self._locks.get(dest)
+        if lock is None:
+            lock = self._locks[dest] = asyncio.Lock()
+        return lock
+
+    async def _to_dest(self, dest: str, items: list[Item], replay: bool, writes: _Writes
+                       ) -> None:
+        async with self._lock(dest):
+            if dest in self._backlog:
+                await self._enqueue_retry(dest, items)
+                return
+            for i, item in enumerate(items):
+                outcome = await self._attempt(dest, item, check_done=replay)
+                if isinstance(outcome, Receipt):
+                    self._record(dest, item, outcome, writes)
+                    continue
+                failed = self._failed(item, outcome)
+                if failed.attempts >= self._s.max_attempts:
+                    await self._bury(dest, failed)
+                    continue
+                await self._enqueue_retry(dest, [failed, *items[i + 1:]])
+                return
+
+    async def _attempt(self, dest: str, item: Item, *, check_done: bool
+                       ) -> Receipt | Exception:
+        """Send one item now (after the destination's pacing); the receipt or the error."""
+        adapter = self._adapters.get(item.out.address.transport)
+        if adapter is None:
+            return DeliveryError(f"transport {item.out.address.transport} is not enabled here")
+        if check_done and not adapter.capabilities.fresh_native_ids:
+            sent = await self._redis.get(self._keys.done(dest, item.entry_id))
+            if sent is not None:  # delivered before a crash: never twice
+                return Receipt(tuple(str(sent).split(",")) if sent else ())
+        await self._pace(dest)
+        try:
+            return await asyncio.wait_for(adapter.send(item.out), self._s.send_timeout_seconds)
+        except DeliveryError as exc:
+            return exc
+        except TimeoutError:
+            return DeliveryError(f"no answer within {self._s.send_timeout_seconds:g}s")
+        except Exception as exc:  # an adapter bug must not stop the outbox
+            log.exception("adapter raised while sending", extra=_extra(item))
+            return exc
+
+    async def _pace(self, dest: str) -> None:
+        if self._s.rate_per_second <= 0:
+            return
+        now = time.monotonic()
+        at = max(now, self._next_send.get(dest, 0.0))
+        self._next_send[dest] = at + 1.0 / self._s.rate_per_second
+        if at > now:
+            await asyncio.sleep(at - now)
+
+    def _failed(self, item: Item, exc: Exception) -> Item:
+        now = time.time()
+        attempts = item.attempts + 1
+        hint = exc.retry_after if isinstance(exc, DeliveryError) else None
+        code = exc.code if isinstance(exc, DeliveryError) else "delivery_failed"
+        delay = self._delay(attempts, hint)
+        log.warning("delivery to %s failed (attempt %d): %s", item.dest, attempts, exc,
+                    extra=_extra(item))
+        return replace(item, attempts=attempts, error=str(exc) or type(exc).__name__,
+                       code=code, next_at=now + delay,
+                       first_failed_at=item.first_failed_at or now)
+
+    def _delay(self, attempts: int, retry_after: float | None) -> float:
+        """Exponential backoff with full jitter, never sooner than the platform asked."""
+        cap = min(self._s.backoff_max_seconds,
+                  self._s.backoff_base_seconds * 2 ** min(attempts - 1, 30))
+        delay = random.uniform(cap / 2, cap)
+        return max(delay, retry_after or 0.0)
+
+    def _record(self, dest: str, item: Item, receipt: Receipt, writes: _Writes) -> None:
+        adapter = self._adapters.get(item.out.address.transport)
+        if adapter is None or adapter.capabilities.fresh_native_ids:
+            return  # inbox transports keep their own once-only record
+        transport = item.out.address.transport
+        ttl = int(self._outbox.echo_ttl_seconds)
+        sets = [(self._keys.echo(transport, n), "1", ttl) for n in receipt.native_ids]
+        sets.append((self._keys.done(dest, item.entry_id), ",".join(receipt.native_ids),
+                     DONE_TTL_SECONDS))
+
+        def write(pipe: Any) -> None:
+            for key, value, seconds in sets:
+                pipe.set(key, value, ex=seconds)
+
+        writes.append(write)
+
+    async def _enqueue_retry(self, dest: str, items: list[Item]) -> None:
+        """Queue items behind the destination's failed head (bounded: overflow is buried)."""
+        queue = self._keys.queue(dest)
+        room = max(0, self._s.queue_max - int(await self._redis.llen(queue)))
+        keep, over = items[:room], items[room:]
+        if keep:
+            head = keep[0]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(self._keys.dests, dest)
+                pipe.rpush(queue, *(i.to_json() for i in keep))
+                if head.error:
+                    pipe.hset(self._keys.blocked, dest, _why(head))
+                await pipe.execute()
+            self._backlog.add(dest)
+            self._ensure_worker(dest)
+        for item in over:
+            await self._bury(dest, replace(
+                item, code="queue_full",
+                error=f"retry queue of {dest} is full ({self._s.queue_max} waiting)"))
+
+    async def _bury(self, dest: str, item: Item) -> None:
+        """Dead-letter one item: kept (bounded per destination), counted, sender told."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(self._keys.dests, dest)
+            pipe.xadd(self._keys.dead(dest), {"m": item.to_json(), "at": time.time()},
+                      maxlen=self._s.dead_letter_max, approximate=False)
+            pipe.hincrby(self._keys.stats, f"dead:{dest}", 1)
+            await pipe.execute()
+        log.error("dead-lettered after %d attempt(s): %s", item.attempts, item.error,
+                  extra=_extra(item))
+        try:
+            await self._on_dead(item)
+        except Exception:
+            log.exception("could not tell the sender about a dead letter", extra=_extra(item))
+
+    # -- retry queues ------------------------------------------------------------------
+
+    def _ensure_worker(self, dest: str) -> None:
+        task = self._workers.get(dest)
+        if task is None or task.done():
+            self._workers[dest] = asyncio.create_task(self._drain_queue(dest))
+
+    async def _drain_queue(self, dest: str) -> None:
+        """Retry the head of ``dest``'s queue until it is empty (or the lease is lost)."""
+        queue = self._keys.queue(dest)
+        while self._holding and not self._stopping:
+            try:
+                async with self._lock(dest):
+                    raw = await self._redis.lindex(queue, 0)
+                    if raw is None:
+                        self._backlog.discard(dest)
+                        await self._redis.hdel(self._keys.blocked, dest)
+                        return
+                item = Item.from_json(raw)
+                wait = item.next_at - time.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                outcome = await self._attempt(dest, item, check_done=True)
+                if isinstance(outcome, Receipt):
+                    writes: _Writes = []
+                    self._record(dest, item, outcome, writes)
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for write in writes:
+                            write(pipe)
+                        pipe.lpop(queue)
+                        await pipe.execute()
+                    continue
+                failed = self._failed(item, outcome)
+                if failed.attempts >= self._s.max_attempts:
+                    await self._bury(dest, failed)
+                    await self._redis.lpop(queue)
+                else:
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        pipe.lset(queue, 0, failed.to_json())
+                        pipe.hset(self._keys.blocked, dest, _why(failed))
+                        await pipe.execute()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis outage: wait and try again
+                log.warning("retry queue of %s: %s", dest, exc)
+                await asyncio.sleep(1.0)
+
+
+def _why(item: Item) -> str:
+    """A blocked destination's reason as senders see it: ``code<TAB>detail``."""
+    return f"{item.code or 'delivery_failed'}\t{item.error}"
+
+
+def _extra(item: Item) -> dict[str, Any]:
+    return {
+        "request_id": item.out.request_id,
+        "trace_id": item.out.trace_id,
+        "transport": item.out.address.transport,
+        "channel": item.out.address.channel,
+        "recipient": item.out.recipient,
+    }

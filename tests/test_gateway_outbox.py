@@ -1,0 +1,290 @@
+"""The durable outbox on real Redis: journal in the same commit, retries in order, dead
+letters kept and re-sendable, once-only delivery after a lost answer, shared echoes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.base import (
+    Adapter,
+    DeliveryError,
+    GatewaySink,
+    HealthState,
+    Outbound,
+    OutboundKind,
+    Receipt,
+    register_adapter,
+)
+from gateway.app import Gateway
+from gateway.outbox import OutboxKeys
+from protocol import build_request, parse, render, reply_response
+from state.records import Origin, Outcome
+
+from gwkit import make_config, memory, running, sent_to
+
+pytestmark = pytest.mark.asyncio
+
+
+@register_adapter("flaky")
+class FlakyAdapter(Adapter):
+    """A destination that fails while ``down`` (with an optional retry-after hint)."""
+
+    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name)
+        self.down = False
+        self.retry_after: float | None = None
+        self.sent: list[Outbound] = []
+        self.failures = 0
+        self._ids = 0
+
+    async def start(self, sink: GatewaySink) -> None:
+        self.set_health(HealthState.UP)
+
+    async def stop(self) -> None:
+        self.set_health(HealthState.DOWN)
+
+    async def send(self, message: Outbound) -> Receipt:
+        if self.down:
+            self.failures += 1
+            raise DeliveryError("platform unavailable", retry_after=self.retry_after,
+                                code="rate_limited")
+        self.sent.append(message)
+        self._ids += 1
+        return Receipt((f"{self.name}-{self._ids}",))
+
+
+def _config(cfg: tuple[str, str, Path], **outbox: Any) -> Any:
+    redis_url, namespace, tmp_path = cfg
+    return make_config(
+        redis_url,
+        namespace,
+        tmp_path,
+        agents={
+            "Lotbot": {"addresses": ["chat:main"], "identities": ["chat:u-lot"]},
+            "Mantis": {"addresses": ["far:mantis-room"], "identities": ["far:u-mantis"]},
+        },
+        transports={"chat": {"kind": "memory"}, "far": {"kind": "flaky"}},
+        outbox={"backoff_base_seconds": 0.02, "backoff_max_seconds": 0.1, **outbox},
+        permissions={"read": ["*"], "operators": ["chat:op"]},
+    )
+
+
+@pytest.fixture
+def cfg(redis_url: str, namespace: str, tmp_path: Path) -> tuple[str, str, Path]:
+    return redis_url, namespace, tmp_path
+
+
+def _far(gw: Gateway) -> FlakyAdapter:
+    adapter = gw.adapters["far"]
+    assert isinstance(adapter, FlakyAdapter)
+    return adapter
+
+
+async def _until(check: Any, limit: float = 10.0) -> None:
+    """Wait (bounded) for state another task writes (the dispatcher's retry workers)."""
+    async with asyncio.timeout(limit):
+        while not check():  # noqa: ASYNC110 - no event to wait on across the outbox
+            await asyncio.sleep(0.02)
+
+
+async def test_failing_destination_gets_everything_in_order_after_it_recovers(
+    cfg, redis_client
+) -> None:
+    async with running(_config(cfg, max_attempts=1000)) as gw:
+        chat, far = memory(gw, "chat"), _far(gw)
+        far.down = True
+        far.retry_after = 0.05
+        reqs = [build_request(sender="Lotbot", to="Mantis", task=f"job {i}") for i in range(3)]
+        for req in reqs:
+            d = await chat.inject(render(req), author_id="u-lot")
+            assert d.outcome == "accepted", d
+        await _until(lambda: far.failures >= 3)
+        # While the destination fails, a sender is told its message is queued behind it.
+        d = await chat.inject(
+            render(build_request(sender="Lotbot", to="Mantis", task="job 3")), author_id="u-lot"
+        )
+        assert [w["code"] for w in d.warnings] == ["rate_limited"], d
+        assert "queued" in d.warnings[0]["detail"]
+        stats = await gw.outbox.stats()
+        assert stats["queued"] == {"far:mantis-room": 4}
+        far.down = False
+        await _until(lambda: len(far.sent) == 4)
+        tasks = [parse(o.text).messages[0].task for o in far.sent]  # type: ignore[union-attr]
+        assert tasks == ["job 0", "job 1", "job 2", "job 3"]
+        await gw.drain()
+        for _ in range(100):
+            stats = await gw.outbox.stats()
+            if not stats["queued"] and not stats["blocked"]:
+                break
+            await asyncio.sleep(0.02)
+        assert stats["queued"] == {} and stats["blocked"] == {}
+
+
+async def test_destination_that_never_recovers_is_dead_lettered_and_resendable(
+    cfg, redis_client
+) -> None:
+    async with running(_config(cfg, max_attempts=3)) as gw:
+        chat, far = memory(gw, "chat"), _far(gw)
+        far.down = True
+        req = build_request(sender="Lotbot", to="Mantis", task="never arrives")
+        assert (await chat.inject(render(req), author_id="u-lot")).outcome == "accepted"
+        # The sender is told, with the RequestId, once the outbox gives up.
+        await chat.wait_sent(
+            lambda o: o.kind is OutboundKind.NOTICE and "dead-lettered" in o.text, timeout=10
+        )
+        assert far.failures == 3
+        stats = await gw.outbox.stats()
+        assert stats["dead_letters"] == {"far:mantis-room": 1}
+        assert stats["dead_lettered"] == {"far:mantis-room": 1}
+        status = await chat.command("status", author_id="op")
+        assert "far:mantis-room: 1" in dict(status.fields)["dead letters"]
+
+        listed = await chat.command("outbox", "list", author_id="op")
+        assert listed.ok and len(listed.rows) == 1
+        letter_id, dest, request_id = listed.rows[0][:3]
+        assert (dest, request_id) == ("far:mantis-room", req.request_id)
+
+        far.down = False
+        again = await chat.command("outbox", "retry", letter_id, author_id="op")
+        assert again.ok and again.title.startswith("1 ")
+        await _until(lambda: len(far.sent) == 1)
+        assert parse(far.sent[0].text).messages[0] == req
+        assert (await gw.outbox.stats())["dead_letters"] == {}
+
+
+async def test_dead_letters_can_be_dropped(cfg, redis_client) -> None:
+    async with running(_config(cfg, max_attempts=1)) as gw:
+        chat, far = memory(gw, "chat"), _far(gw)
+        far.down = True
+        for i in range(2):
+            req = build_request(sender="Lotbot", to="Mantis", task=f"t{i}")
+            await chat.inject(render(req), author_id="u-lot")
+        await _until(lambda: far.failures == 2)
+        await gw.drain()
+        assert (await gw.outbox.stats())["dead_letters"] == {"far:mantis-room": 2}
+        refused = await chat.command("outbox", "drop", "all", author_id="u-lot")
+        assert not refused.ok  # operators only
+        # The CLI sees the same dead letters and drops one by id.
+        listed = json.loads(await _bpgw(cfg, "outbox", "list", "--json"))
+        assert [r[1] for r in listed["rows"]] == ["far:mantis-room"] * 2
+        out = await _bpgw(cfg, "outbox", "drop", listed["rows"][0][0])
+        assert out.startswith("1 dead letter(s) discarded")
+        dropped = await chat.command("outbox", "drop", "all", author_id="op")
+        assert dropped.title.startswith("1 ")
+        stats = await gw.outbox.stats()
+        assert stats["dead_letters"] == {} and stats["dead_lettered"] == {"far:mantis-room": 2}
+
+
+async def _bpgw(cfg: tuple[str, str, Path], *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", *args, "--redis-url", cfg[0],
+        "--namespace", cfg[1], stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_relays_commit_with_the_state_change(cfg, redis_client) -> None:
+    """Applying with a journal entry appends it in the same script; a duplicate does not."""
+    async with running(_config(cfg)) as gw:
+        await gw.stop()  # no dispatcher: look at the journal as the commit left it
+        keys = OutboxKeys(cfg[1])
+        req = build_request(sender="Lotbot", to="Mantis", task="atomic")
+        origin = Origin("chat", "main", "th-1", "n-1")
+        entry = (
+            '{"k":"protocol","t":"x","r":"","tr":"","d":[["chat","main","","Lotbot",""]],'
+            '"s":null}'
+        )
+        first = await gw_store(cfg).apply(req, origin, journal=entry)
+        again = await gw_store(cfg).apply(req, origin, journal=entry)
+        assert first.outcome is Outcome.APPLIED and again.outcome is Outcome.DUPLICATE
+        rows = await redis_client.xrange(keys.journal)
+        assert len(rows) == 1
+        # Placement resolved inside the script from the conversation's origin.
+        assert b'["chat","main","th-1","Lotbot","n-1"]' in rows[0][1][b"m"]
+
+
+def gw_store(cfg: tuple[str, str, Path]) -> Any:
+    import redis.asyncio as aioredis
+
+    from state.settings import StateSettings
+    from state.store import ConversationStore
+
+    client = aioredis.from_url(cfg[0], decode_responses=True)
+    return ConversationStore(client, StateSettings(redis_url=cfg[0], namespace=cfg[1]))
+
+
+async def test_retry_after_a_lost_answer_is_already_accepted_and_delivered_once(
+    cfg, redis_client
+) -> None:
+    """The first attempt committed (state + journal) but its answer never reached the
+    client; the client's retry is told it was already accepted, and the recipient gets
+    the message exactly once."""
+    async with running(_config(cfg)) as gw:
+        chat, far = memory(gw, "chat"), _far(gw)
+        req = build_request(sender="Lotbot", to="Mantis", task="once")
+        entry = (
+            '{"k":"protocol","t":' + _json(render(req)) + ',"r":"' + req.request_id
+            + '","tr":"","d":[["far","mantis-room","","Mantis",""]],"s":null}'
+        )
+        committed = await gw.store.apply(req, Origin("chat", "main"), journal=entry)
+        assert committed.outcome is Outcome.APPLIED
+        d = await chat.inject(render(req), author_id="u-lot")
+        assert d.outcome == "duplicate" and d.detail.startswith("already accepted"), d
+        await gw.drain()
+        assert [parse(o.text).messages[0] for o in far.sent] == [req]
+
+
+def _json(text: str) -> str:
+    return json.dumps(text)
+
+
+async def test_echoes_are_recognised_by_every_replica(cfg, redis_client) -> None:
+    """A native id the gateway posted is dropped when a platform shows it back, even by a
+    replica that did not send it (the echo memory is in Redis)."""
+    config = _config(cfg)
+    async with running(config) as gw1, running(config) as gw2:
+        chat1 = memory(gw1, "chat")
+        req = build_request(sender="Mantis", to="Lotbot", task="echo?")
+        d = await _far_inject(gw1, req)
+        assert d == "accepted"
+        await gw1.drain()
+        await gw2.drain()
+        relayed = sent_to(chat1, "main", OutboundKind.PROTOCOL) + sent_to(
+            memory(gw2, "chat"), "main", OutboundKind.PROTOCOL
+        )
+        assert len(relayed) == 1
+        sender = chat1 if sent_to(chat1, "main") else memory(gw2, "chat")
+        native = sender.sent_ids[sender.sent.index(relayed[0])]
+        for gw in (gw1, gw2):
+            again = await memory(gw, "chat").inject(
+                relayed[0].text, author_id="someone", native_id=native
+            )
+            assert again.outcome == "dropped"
+
+
+async def _far_inject(gw: Gateway, req: Any) -> str:
+    from adapters.base import Author, Envelope
+
+    env = Envelope("far", "mantis-room", Author("u-mantis"), render(req), native_id="f-1")
+    return (await gw.on_envelope(env)).outcome
+
+
+async def test_reply_placement_follows_the_conversation_origin(cfg, redis_client) -> None:
+    async with running(_config(cfg)) as gw:
+        chat = memory(gw, "chat")
+        req = build_request(sender="Lotbot", to="Mantis", task="threaded")
+        await chat.inject(render(req), author_id="u-lot", thread="t-7", native_id="root-1")
+        answer = reply_response(req, sender="Mantis", status="done", result="ok")
+        assert await _far_inject(gw, answer) == "accepted"
+        await gw.drain()
+        [back] = sent_to(chat, "main", OutboundKind.PROTOCOL)
+        assert (back.address.thread, back.reply_to) == ("t-7", "root-1")
