@@ -40,6 +40,8 @@ class HttpAgent:
     token: str
     base_url: str
     session: aiohttp.ClientSession
+    # The id of the last inbox message read, acknowledged with the next poll.
+    last_read: str | None = None
 
     @property
     def _headers(self) -> dict[str, str]:
@@ -57,13 +59,15 @@ class HttpAgent:
 
     async def receive(self, want: MessageType, wait_seconds: float = 10.0) -> Message:
         """Wait for the next protocol message of type ``want`` in this agent's inbox."""
+        params = {"wait": str(wait_seconds), "max": "1"}
+        if self.last_read:
+            params["ack"] = self.last_read
         async with self.session.get(
-            f"{self.base_url}/v1/agents/{self.name}/inbox",
-            params={"wait": str(wait_seconds), "max": "1"},
-            headers=self._headers,
+            f"{self.base_url}/v1/agents/{self.name}/inbox", params=params, headers=self._headers
         ) as resp:
             body = await resp.json()
         for item in body.get("messages", []):
+            self.last_read = item["id"]
             for msg in parse(item["text"]).messages:
                 if msg.type is want:
                     return msg

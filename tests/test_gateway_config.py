@@ -53,7 +53,16 @@ def test_example_file_is_valid_and_documents_every_key() -> None:
                 rf"^\[{section}\.{key}\]", text, re.M
             )
             assert documented, f"[{section}] {key} undocumented"
-    for key in ("host", "port", "max_body_bytes", "inbox_max", "long_poll_max_seconds"):
+    for key in (
+        "host",
+        "port",
+        "max_body_bytes",
+        "inbox_max",
+        "inbox_max_bytes",
+        "inbox_visibility_seconds",
+        "long_poll_max_seconds",
+        "long_poll_max_waiters",
+    ):
         assert re.search(rf"^# {key} = ", text, re.M), f"[transports.http] {key} undocumented"
     assert re.search(r"^mirrors = ", text, re.M)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from adapters.base import (
     Address,
@@ -86,9 +87,27 @@ def sink() -> RecordingSink:
 
 
 @pytest.fixture
-async def adapter(sink: RecordingSink) -> AsyncIterator[HttpAdapter]:
-    transport = create_adapter("http", "api", OPTIONS)
+async def redis(redis_url: str, redis_client: Any) -> AsyncIterator[aioredis.Redis]:
+    """A client like the gateway's (text replies); the namespace is cleaned by redis_client."""
+    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def make_transport(redis: aioredis.Redis, namespace: str, **options: Any) -> HttpAdapter:
+    transport = create_adapter("http", "api", {**OPTIONS, **options})
     assert isinstance(transport, HttpAdapter)
+    transport.use_redis(redis, namespace)
+    return transport
+
+
+@pytest.fixture
+async def adapter(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> AsyncIterator[HttpAdapter]:
+    transport = make_transport(redis, namespace)
     await transport.start(sink)
     try:
         yield transport
@@ -437,11 +456,93 @@ async def test_unconfigured_agent_inbox_is_operator_only(adapter: HttpAdapter, a
     assert [m["text"] for m in body["messages"]] == ["boo"]
 
 
-async def test_full_inbox_raises_delivery_error(adapter: HttpAdapter) -> None:
+async def test_full_inbox_raises_delivery_error(adapter: HttpAdapter, api: Api) -> None:
     for n in range(3):
         await adapter.send(notice("bob", f"m{n}"))
-    with pytest.raises(DeliveryError, match="inbox of bob is full"):
+    with pytest.raises(DeliveryError, match="inbox of bob is full") as full:
         await adapter.send(notice("bob", "one too many"))
+    assert full.value.code == "inbox_full" and full.value.retry_after
+    # Acknowledging makes room again.
+    _, body = await api.get("/v1/agents/bob/inbox?max=1", BOB)
+    status, acked = await api.post(
+        "/v1/agents/bob/inbox/ack", BOB, json={"id": body["messages"][0]["id"]}
+    )
+    assert status == 200 and acked == {"acked": body["messages"][0]["id"]}
+    await adapter.send(notice("bob", "fits now"))
+
+
+async def test_inbox_is_bounded_in_bytes(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> None:
+    transport = make_transport(redis, namespace, inbox_max=1000, inbox_max_bytes=4096)
+    await adapter_started(transport, sink)
+    try:
+        await transport.send(notice("bob", "x" * 3000))
+        with pytest.raises(DeliveryError, match="bytes"):
+            await transport.send(notice("bob", "y" * 3000))
+        await transport.send(notice("bob", "small"))  # room by bytes for a small one
+    finally:
+        await transport.stop()
+
+
+async def adapter_started(transport: HttpAdapter, sink: RecordingSink) -> None:
+    await transport.start(sink)
+
+
+async def test_ack_removes_and_unacknowledged_messages_come_back(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str, client: aiohttp.ClientSession
+) -> None:
+    transport = make_transport(redis, namespace, inbox_visibility_seconds=0.5)
+    await transport.start(sink)
+    try:
+        api = Api(client, transport.url)
+        for text in ("one", "two", "three"):
+            await transport.send(notice("alice", text))
+        _, first = await api.get("/v1/agents/alice/inbox?max=2", ALICE)
+        assert [m["text"] for m in first["messages"]] == ["one", "two"]
+        # Ack the first; the second stays in flight and comes back after the timeout.
+        ack = first["messages"][0]["id"]
+        _, nxt = await api.get(f"/v1/agents/alice/inbox?ack={ack}", ALICE)
+        assert [m["text"] for m in nxt["messages"]] == ["three"]
+        _, empty = await api.get("/v1/agents/alice/inbox", ALICE)
+        assert empty == {"messages": []}
+        _, again = await api.get("/v1/agents/alice/inbox?wait=3", ALICE)
+        assert [m["text"] for m in again["messages"]] == ["two", "three"]
+        assert again["messages"][0]["id"] == first["messages"][1]["id"]  # a stable id
+        last = again["messages"][-1]["id"]
+        _, done = await api.get(f"/v1/agents/alice/inbox?ack={last}&wait=0.7", ALICE)
+        assert done == {"messages": []}
+        status, body = await api.get("/v1/agents/alice/inbox?ack=bogus", ALICE)
+        assert_error(status, body, 400, "bad_request")
+    finally:
+        await transport.stop()
+
+
+async def test_inbox_is_shared_by_replicas_and_stores_a_journal_id_once(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str, client: aiohttp.ClientSession
+) -> None:
+    one, two = make_transport(redis, namespace), make_transport(redis, namespace)
+    await one.start(sink)
+    await two.start(sink)
+    try:
+        poll = asyncio.create_task(
+            Api(client, two.url).get("/v1/agents/alice/inbox?wait=10", ALICE)
+        )
+        await asyncio.sleep(0.2)
+        out = Outbound(Address("api", "alice"), "hello", id="1700000000000-5")
+        first = await one.send(out)
+        again = await one.send(out)  # a replayed delivery after a crash
+        status, body = await poll
+        assert status == 200 and [m["text"] for m in body["messages"]] == ["hello"]
+        assert first.native_ids == (body["messages"][0]["id"],)
+        assert again.native_ids == ("1700000000000-5",)
+        _, rest = await Api(client, one.url).get(
+            f"/v1/agents/alice/inbox?ack={body['messages'][0]['id']}", ALICE
+        )
+        assert rest == {"messages": []}
+    finally:
+        await one.stop()
+        await two.stop()
 
 
 # -- commands, conversations, health ---------------------------------------------------
@@ -536,8 +637,10 @@ async def test_healthz_is_503_while_the_gateway_is_degraded(
 # -- lifecycle -----------------------------------------------------------------------
 
 
-async def test_stop_twice_and_pollers_return(sink: RecordingSink) -> None:
-    transport = HttpAdapter("api", OPTIONS)
+async def test_stop_twice_and_pollers_return(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> None:
+    transport = make_transport(redis, namespace)
     await transport.start(sink)
     async with aiohttp.ClientSession() as client:
         api = Api(client, transport.url)
@@ -554,9 +657,11 @@ async def test_stop_twice_and_pollers_return(sink: RecordingSink) -> None:
         _ = transport.url
 
 
-async def test_port_in_use_reports_down(adapter: HttpAdapter, sink: RecordingSink) -> None:
+async def test_port_in_use_reports_down(
+    adapter: HttpAdapter, sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> None:
     port = int(adapter.url.rsplit(":", 1)[1])
-    clash = HttpAdapter("clash", {**OPTIONS, "port": port})
+    clash = make_transport(redis, namespace, port=port)
     with pytest.raises(OSError):
         await clash.start(sink)
     assert clash.health().state is HealthState.DOWN
@@ -581,8 +686,10 @@ async def test_401_names_the_scheme(api: Api) -> None:
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
 
 
-async def test_restart_keeps_queued_messages(sink: RecordingSink) -> None:
-    transport = HttpAdapter("api", OPTIONS)
+async def test_restart_keeps_queued_messages(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> None:
+    transport = make_transport(redis, namespace)
     await transport.start(sink)
     await transport.stop()
     await transport.send(notice("alice", "while down"))

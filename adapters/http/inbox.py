@@ -1,27 +1,124 @@
-"""Bounded per-agent inboxes with long-poll waiting (no busy-waiting).
+"""Agents' inboxes in Redis: durable, shared by every replica, acknowledged explicitly.
 
-Each inbox is a deque guarded by the event loop (single-threaded, so no lock) and an
-``asyncio.Event`` that is set while the inbox holds messages. ``take`` waits on the
-event; ``put`` never drops: a full inbox raises ``InboxFull``.
+One inbox = one stream of the messages not yet acknowledged, plus a small hash:
+
+* ``in``: bytes ever added (each entry stores the running total as ``o``), ``ack``: that
+  total at the last acknowledged entry, so ``in - ack`` is the bytes waiting, with no
+  per-entry bookkeeping on acknowledgement;
+* ``lj``: the last outbox journal id taken, so a replayed delivery is recognised and
+  not stored twice (journal ids increase per inbox, as the outbox delivers in order);
+* ``out`` / ``until``: the last message handed to a reader and until when it is
+  invisible to other polls (the visibility timeout);
+* ``last``: the newest entry's id (where a long-poll blocks from).
+
+A poll returns the oldest messages not in flight; ``ack=<id>`` removes every message up
+to and including ``id`` (XTRIM MINID). Unacknowledged messages come back once their
+visibility timeout passes. Each step is one Lua script on the inbox's own hash-tagged
+slot. Long-polls block in Redis (XREAD BLOCK on the stream), on connections of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import re
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from state.batching import ScriptBatcher
+
+ACK_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+"""The form of a message id (a Redis stream id)."""
+
+_NEWER = """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms or 0), tonumber(seq or 0)
+end
+local function newer(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am > bm or (am == bm and as > bs)
+end
+"""
+
+# KEYS stream, meta. ARGV max count, max bytes, then (journal id, size, body) per message.
+# Returns one {status, id} per message handled: ok (stored), dup (journal id already
+# taken), full (stops there: later messages must not overtake it).
+_DELIVER = _NEWER + """
+local s, m = KEYS[1], KEYS[2]
+local maxn, maxb = tonumber(ARGV[1]), tonumber(ARGV[2])
+local st = redis.call('HMGET', m, 'in', 'ack', 'lj')
+local total, acked, lj = tonumber(st[1] or 0), tonumber(st[2] or 0), st[3] or '0-0'
+local n = redis.call('XLEN', s)
+local out, last = {}, nil
+for i = 3, #ARGV, 3 do
+  local jid, size, body = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  if jid ~= '' and not newer(jid, lj) then
+    out[#out + 1] = {'dup', jid}
+  elseif n + 1 > maxn then
+    out[#out + 1] = {'full', 'it holds ' .. n .. ' messages (inbox_max ' .. maxn .. ')'}
+    break
+  elseif total - acked + size > maxb then
+    out[#out + 1] = {'full', 'it holds ' .. (total - acked) .. ' bytes (inbox_max_bytes ' ..
+                    maxb .. ')'}
+    break
+  else
+    total = total + size
+    last = redis.call('XADD', s, '*', 'o', total, 'b', body)
+    n = n + 1
+    if jid ~= '' then lj = jid end
+    out[#out + 1] = {'ok', last}
+  end
+end
+if last then redis.call('HSET', m, 'in', total, 'lj', lj, 'last', last) end
+return out
+"""
+
+# KEYS stream, meta. ARGV now, visibility seconds, count, ack id ("" = none).
+# Returns {entries, id to block after, seconds the in-flight messages stay invisible}.
+_POLL = """
+local s, m = KEYS[1], KEYS[2]
+local now, vis, count, ack = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+if ack ~= '' then
+  local r = redis.call('XRANGE', s, ack, ack)
+  if #r == 1 then
+    local f = r[1][2]
+    local off = 0
+    for i = 1, #f, 2 do if f[i] == 'o' then off = f[i + 1] end end
+    local ms, seq = string.match(ack, '^(%d+)-(%d+)$')
+    redis.call('XTRIM', s, 'MINID', ms .. '-' .. (tonumber(seq) + 1))
+    redis.call('HSET', m, 'ack', off)
+  end
+end
+local st = redis.call('HMGET', m, 'out', 'until', 'last')
+local inflight = st[1] and tonumber(st[2] or 0) > now
+local start = inflight and ('(' .. st[1]) or '-'
+local rows = {}
+if count > 0 then rows = redis.call('XRANGE', s, start, '+', 'COUNT', count) end
+if #rows > 0 then
+  redis.call('HSET', m, 'out', rows[#rows][1], 'until', now + vis)
+  return {rows, '', '0'}
+end
+-- as text: Redis would truncate a Lua number reply to an integer
+if inflight then return {rows, st[1], tostring(tonumber(st[2]) - now)} end
+return {rows, st[3] or '0-0', '0'}
+"""
+
 
 class InboxFull(Exception):
-    """The inbox holds ``inbox_max`` messages already."""
+    """The inbox holds ``inbox_max`` messages or ``inbox_max_bytes`` bytes already."""
 
 
 @dataclass(frozen=True)
 class InboxMessage:
-    """One message waiting in an agent's inbox, as the inbox endpoint returns it."""
+    """One message in an agent's inbox, as the inbox endpoint returns it."""
 
     id: str
     text: str
@@ -31,6 +128,20 @@ class InboxMessage:
     reply_to: str | None = None
     thread: str | None = None
     at: float = field(default_factory=time.time)
+
+    def body(self) -> str:
+        """Stored form (everything but the id, which Redis assigns)."""
+        return json.dumps(
+            [self.text, self.kind, self.request_id, self.trace_id, self.reply_to, self.thread,
+             self.at],
+            ensure_ascii=False, separators=(",", ":"),
+        )
+
+    @staticmethod
+    def from_entry(entry_id: str, body: str) -> InboxMessage:
+        """Inverse of ``body`` for a stored entry."""
+        text, kind, request_id, trace_id, reply_to, thread, at = json.loads(body)
+        return InboxMessage(entry_id, text, kind, request_id, trace_id, reply_to, thread, at)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (built by hand: ``dataclasses.asdict`` deep-copies and is slow)."""
@@ -46,96 +157,140 @@ class InboxMessage:
         }
 
 
-class Inbox:
-    """One agent's bounded FIFO of messages."""
-
-    def __init__(self, owner: str, capacity: int) -> None:
-        self.owner = owner
-        self.capacity = capacity
-        self._items: deque[InboxMessage] = deque()
-        self._ready = asyncio.Event()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, message: InboxMessage) -> None:
-        """Append one message and wake waiting readers; raise ``InboxFull`` when full."""
-        if len(self._items) >= self.capacity:
-            raise InboxFull(
-                f"inbox of {self.owner} is full ({self.capacity} messages waiting); "
-                "the agent is not reading it"
-            )
-        self._items.append(message)
-        self._ready.set()
-
-    def put_back(self, messages: Iterable[InboxMessage]) -> None:
-        """Return taken but undelivered messages to the front, in their order.
-
-        They were in the inbox a moment ago, so the bound does not apply to them.
-        """
-        self._items.extendleft(reversed(list(messages)))
-        if self._items:
-            self._ready.set()
-
-    def pop(self, limit: int) -> list[InboxMessage]:
-        """Remove and return up to ``limit`` messages, oldest first."""
-        taken = [self._items.popleft() for _ in range(min(limit, len(self._items)))]
-        if not self._items:
-            self._ready.clear()
-        return taken
-
-    def wake(self) -> None:
-        """Wake every waiting reader so it re-checks its stop condition."""
-        self._ready.set()
-
-    async def take(
-        self, limit: int, wait_seconds: float, *, give_up: Callable[[], bool]
-    ) -> list[InboxMessage]:
-        """Wait up to ``wait_seconds`` for a message, then pop up to ``limit``.
-
-        Returns an empty list on timeout, or without popping anything when
-        ``give_up()`` turns true (the reader went away or the transport is stopping),
-        so no message is taken for a reader that can no longer receive it.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_seconds
-        while not self._items and not give_up():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return []
-            self._ready.clear()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._ready.wait()
-            except TimeoutError:
-                return []
-        if give_up():
-            return []
-        return self.pop(limit)
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 class Inboxes:
-    """Every inbox of one transport, created on first use."""
+    """Every agent's inbox of one namespace, in Redis."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._boxes: dict[str, Inbox] = {}
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        namespace: str,
+        *,
+        max_count: int,
+        max_bytes: int,
+        visibility_seconds: float,
+        max_waiters: int,
+    ) -> None:
+        self._redis = redis
+        self._namespace = namespace
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self.visibility_seconds = visibility_seconds
+        self._deliver = ScriptBatcher(redis, redis.register_script(_DELIVER))
+        self._poll = ScriptBatcher(redis, redis.register_script(_POLL))
+        # Long-polls block on connections of their own, so they never starve the pool
+        # the rest of the gateway uses; at most ``max_waiters`` wait at once.
+        pool = redis.connection_pool
+        self._blocking: aioredis.Redis = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool(
+                connection_class=pool.connection_class,
+                max_connections=max_waiters,
+                timeout=None,
+                **pool.connection_kwargs,
+            )
+        )
+        self._waiting: set[asyncio.Task[Any]] = set()
 
-    def __iter__(self) -> Iterator[Inbox]:
-        return iter(list(self._boxes.values()))
+    def _keys(self, owner: str) -> list[str]:
+        # A hash tag per inbox (hashed: a name may hold "{"), so a cluster spreads them.
+        tag = hashlib.sha1(owner.encode()).hexdigest()[:16]
+        base = f"{self._namespace}:in:{{{tag}}}"
+        return [base + ":s", base + ":m"]
 
-    def get(self, owner: str) -> Inbox | None:
-        """The inbox of ``owner`` when it exists."""
-        return self._boxes.get(owner)
+    async def exists(self, owner: str) -> bool:
+        """Whether anything was ever delivered to ``owner``'s inbox."""
+        return bool(await self._redis.exists(self._keys(owner)[1]))
 
-    def ensure(self, owner: str) -> Inbox:
-        """The inbox of ``owner``, created empty when missing."""
-        box = self._boxes.get(owner)
-        if box is None:
-            box = self._boxes[owner] = Inbox(owner, self.capacity)
-        return box
+    async def put(self, owner: str, message: InboxMessage, journal_id: str | None) -> str:
+        """Store one message; its inbox id (the journal id when it was already there).
+
+        Raises ``InboxFull`` when the inbox is at its count or byte bound.
+        """
+        body = message.body()
+        size = len(body.encode())
+        [(status, value)] = await self._deliver(
+            keys=self._keys(owner),
+            args=[self.max_count, self.max_bytes, journal_id or "", size, body],
+        )
+        if _text(status) == "full":
+            raise InboxFull(f"inbox of {owner} is full: {_text(value)}; the agent is not "
+                            "reading or acknowledging it")
+        return _text(value)
+
+    async def take(
+        self,
+        owner: str,
+        limit: int,
+        wait_seconds: float,
+        *,
+        ack: str | None = None,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> list[InboxMessage]:
+        """Acknowledge up to ``ack``, then return up to ``limit`` messages not in flight,
+        waiting up to ``wait_seconds`` (in Redis) for a first one.
+
+        After a wait, nothing is taken once ``give_up()`` is true (the reader went away),
+        so its messages stay visible to the next poll."""
+        keys = self._keys(owner)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        while True:
+            rows, after, invisible = await self._poll(
+                keys=keys,
+                args=[round(time.time(), 3), self.visibility_seconds, limit, ack or ""],
+            )
+            ack = None
+            if rows:
+                return [InboxMessage.from_entry(_text(i), _body(f)) for i, f in rows]
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            if float(invisible) > 0:
+                remaining = min(remaining, float(invisible) + 0.01)
+            woke = await self._wait(keys[0], _text(after), remaining)
+            if give_up() or (not woke and deadline - loop.time() <= 0):
+                return []
+
+    async def _wait(self, stream: str, after: str, seconds: float) -> bool:
+        """Block in Redis until ``stream`` has an entry after ``after``; False on timeout."""
+        task = asyncio.ensure_future(
+            self._blocking.xread({stream: after}, count=1, block=max(1, int(seconds * 1000)))
+        )
+        self._waiting.add(task)
+        try:
+            return bool(await task)
+        except asyncio.CancelledError:
+            if task.cancelled() and not _current_cancelled():
+                return False  # stop() woke it: the poll ends empty
+            raise
+        except RedisError:
+            return False
+        finally:
+            self._waiting.discard(task)
 
     def wake_all(self) -> None:
-        """Wake every waiting reader of every inbox (used when stopping)."""
-        for box in self:
-            box.wake()
+        """End every waiting long-poll now (used when stopping)."""
+        for task in list(self._waiting):
+            task.cancel()
+
+    async def close(self) -> None:
+        """Close the long-poll connections."""
+        self.wake_all()
+        await self._blocking.aclose()
+
+
+def _current_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _body(fields: Any) -> str:
+    flat = list(fields) if not isinstance(fields, dict) else [
+        x for kv in fields.items() for x in kv]
+    for i in range(0, len(flat), 2):
+        if _text(flat[i]) == "b":
+            return _text(flat[i + 1])
+    raise ValueError("inbox entry without a body")

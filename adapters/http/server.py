@@ -1,12 +1,12 @@
 """The local HTTP transport: agents post messages and long-poll their inboxes.
 
 See docs/http-api.md for the endpoints. An HTTP agent's channel is its own inbox, so
-the gateway's replies and notices addressed to ``http:<agent>`` land in that inbox.
+the gateway's replies and notices addressed to ``http:<agent>`` land in that inbox. The
+inboxes live in Redis (adapters/http/inbox.py), shared by every replica.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import secrets
@@ -29,9 +29,10 @@ from adapters.base import (
     Receipt,
 )
 from adapters.http.auth import Caller, TokenAuth
-from adapters.http.inbox import Inbox, Inboxes, InboxFull, InboxMessage
+from adapters.http.inbox import ACK_ID, Inboxes, InboxFull, InboxMessage
 from adapters.http.settings import HttpSettings, load_options
 from adapters.http.wire import (
+    AckBody,
     ApiError,
     CommandBody,
     MessageBody,
@@ -68,6 +69,14 @@ def new_native_id() -> str:
     return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
+def _ack_id(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if not ACK_ID.match(text):
+        raise ApiError(400, "ack: a message id looks like 1735000000000-0")
+    return text
+
+
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -89,9 +98,7 @@ class HttpAdapter(Adapter):
         super().__init__(name)
         self.settings = load_options(HttpSettings, name, options)
         self._auth = TokenAuth(self.settings.tokens, self.settings.operator_tokens)
-        self._inboxes = Inboxes(self.settings.inbox_max)
-        for agent in self.settings.tokens:
-            self._inboxes.ensure(agent)
+        self._inboxes_store: Inboxes | None = None
         self._sink: GatewaySink | None = None
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
@@ -113,14 +120,38 @@ class HttpAdapter(Adapter):
         )
         app.router.add_post("/v1/messages", self._post_message)
         app.router.add_get("/v1/agents/{name}/inbox", self._get_inbox)
+        app.router.add_post("/v1/agents/{name}/inbox/ack", self._post_ack)
         app.router.add_post("/v1/commands", self._post_command)
         app.router.add_get("/v1/conversations", self._list_conversations)
         app.router.add_get("/v1/conversations/{request_id}", self._get_conversation)
         app.router.add_get("/healthz", self._healthz)
         return app
 
+    def use_redis(self, redis: Any, namespace: str) -> None:
+        """Keep the inboxes in ``redis`` under ``namespace`` (called before ``start``)."""
+        s = self.settings
+        self._inboxes_store = Inboxes(
+            redis,
+            f"{namespace}:{self.name}",
+            max_count=s.inbox_max,
+            max_bytes=s.inbox_max_bytes,
+            visibility_seconds=s.inbox_visibility_seconds,
+            max_waiters=s.long_poll_max_waiters,
+        )
+
+    @property
+    def _inboxes(self) -> Inboxes:
+        if self._inboxes_store is None:
+            raise RuntimeError(f"http transport {self.name} needs Redis (use_redis) first")
+        return self._inboxes_store
+
+    def destination(self, message: Outbound) -> str:
+        """Deliveries are ordered per inbox: the recipient's, else the channel's."""
+        return message.recipient or message.address.channel
+
     async def start(self, sink: GatewaySink) -> None:
         """Bind the server and begin serving; raises ``OSError`` when it cannot bind."""
+        _ = self._inboxes  # fail early without Redis
         if self._runner is not None:
             raise RuntimeError(f"http transport {self.name} is already running")
         self._sink = sink
@@ -144,9 +175,12 @@ class HttpAdapter(Adapter):
         """Stop serving; waiting long-polls return empty at once. Safe to call twice."""
         runner, self._runner = self._runner, None
         self._stopping = True
-        self._inboxes.wake_all()
+        if self._inboxes_store is not None:
+            self._inboxes_store.wake_all()
         if runner is not None:
             await runner.cleanup()
+        if self._inboxes_store is not None:
+            await self._inboxes_store.close()
             log.info("http transport %s stopped", self.name)
         self._url = None
         self.set_health(HealthState.DOWN, "stopped")
@@ -169,11 +203,14 @@ class HttpAdapter(Adapter):
     async def send(self, message: Outbound) -> Receipt:
         """Put ``message`` into the inbox of ``recipient`` (or the address's channel).
 
-        Raises ``DeliveryError`` when that inbox is full; nothing is dropped silently.
+        Stored once per outbox journal id (``message.id``): a replayed delivery returns
+        the id it got the first time. Raises ``DeliveryError`` (code ``inbox_full``)
+        when the inbox is at ``inbox_max`` messages or ``inbox_max_bytes``; the outbox
+        keeps the message queued and retries, nothing is dropped.
         """
         owner = message.recipient or message.address.channel
         item = InboxMessage(
-            id=new_native_id(),
+            id="",
             text=message.text,
             kind=str(message.kind),
             request_id=message.request_id,
@@ -183,12 +220,12 @@ class HttpAdapter(Adapter):
         )
         extra = {"request_id": message.request_id, "trace_id": message.trace_id}
         try:
-            self._inboxes.ensure(owner).put(item)
+            inbox_id = await self._inboxes.put(owner, item, message.id)
         except InboxFull as exc:
             log.warning("http transport %s: %s", self.name, exc, extra=extra)
-            raise DeliveryError(str(exc)) from None
-        log.debug("queued %s %s for %s", item.kind, item.id, owner, extra=extra)
-        return Receipt((item.id,))
+            raise DeliveryError(str(exc), retry_after=1.0, code="inbox_full") from None
+        log.debug("queued %s %s for %s", item.kind, inbox_id, owner, extra=extra)
+        return Receipt((inbox_id,))
 
     # -- request helpers -------------------------------------------------------------
 
@@ -246,40 +283,41 @@ class HttpAdapter(Adapter):
             {"native_id": native_id, **disposition.to_dict()}, status=status, headers=headers
         )
 
-    async def _get_inbox(self, request: web.Request) -> web.Response:
+    async def _inbox_owner(self, request: web.Request) -> str:
         caller = self._caller(request)
         owner = request.match_info["name"]
         if not caller.may_read(owner):
             raise ApiError(403, f"{caller.name} may not read the inbox of {owner}")
+        if owner not in self.settings.tokens and not await self._inboxes.exists(owner):
+            raise ApiError(404, f"no inbox for {owner}")
+        return owner
+
+    async def _get_inbox(self, request: web.Request) -> web.Response:
+        owner = await self._inbox_owner(request)
         wait = query_number(request, "wait", 0.0, minimum=0, maximum=float("inf"), integer=False)
         limit = int(
             query_number(request, "max", DEFAULT_INBOX_BATCH, minimum=1, maximum=INBOX_MAX_BATCH)
         )
-        box = self._inboxes.get(owner)
-        if box is None:
-            raise ApiError(404, f"no inbox for {owner}")
-        messages = await box.take(
+        ack = _ack_id(query_text(request, "ack"))
+        if self._stopping or _client_gone(request):
+            return web.json_response({"messages": []})
+        messages = await self._inboxes.take(
+            owner,
             limit,
             min(wait, self.settings.long_poll_max_seconds),
+            ack=ack,
             give_up=lambda: self._stopping or _client_gone(request),
         )
-        response = web.json_response({"messages": [m.to_dict() for m in messages]})
-        if messages:
-            # Write now, so messages a vanished client never got go back to the inbox.
-            try:
-                await response.prepare(request)
-                await response.write_eof()
-            except ConnectionError:
-                self._keep(box, messages)  # aiohttp treats the failed response as done
-            except asyncio.CancelledError:
-                self._keep(box, messages)
-                raise
-        return response
+        # A reader that never gets the answer loses nothing: unacknowledged messages
+        # come back after the visibility timeout.
+        return web.json_response({"messages": [m.to_dict() for m in messages]})
 
-    @staticmethod
-    def _keep(box: Inbox, messages: list[InboxMessage]) -> None:
-        box.put_back(messages)
-        log.info("reader of %s went away; %d message(s) kept", box.owner, len(messages))
+    async def _post_ack(self, request: web.Request) -> web.Response:
+        owner = await self._inbox_owner(request)
+        body = parse_as(AckBody, await read_body(request, self.settings.max_body_bytes))
+        ack = _ack_id(body.id)
+        await self._inboxes.take(owner, 0, 0.0, ack=ack)
+        return web.json_response({"acked": ack})
 
     async def _post_command(self, request: web.Request) -> web.Response:
         caller = self._caller(request)

@@ -49,8 +49,11 @@ class HttpSettings(BaseModel):
     tokens: dict[Name, Token] = Field(default_factory=dict)
     operator_tokens: dict[Name, Token] = Field(default_factory=dict)
     max_body_bytes: int = Field(default=262_144, ge=64, le=64 * 1024 * 1024)
-    inbox_max: int = Field(default=10_000, ge=1)
+    inbox_max: int = Field(default=10_000, ge=1, le=10_000_000)
+    inbox_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024**3)
+    inbox_visibility_seconds: float = Field(default=30.0, gt=0, le=86400, allow_inf_nan=False)
     long_poll_max_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    long_poll_max_waiters: int = Field(default=256, ge=1, le=100_000)
 
     @field_validator("tokens", "operator_tokens")
     @classmethod

@@ -156,6 +156,14 @@ class MessageBody(BaseModel):
     thread: str | None = Field(default=None, min_length=1)
 
 
+class AckBody(BaseModel):
+    """Body of ``POST /v1/agents/{name}/inbox/ack``: the last message id processed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=3, max_length=41)
+
+
 class CommandBody(BaseModel):
     """``POST /v1/commands`` body: ``command`` + ``args``, or a ``text`` command line."""
 
