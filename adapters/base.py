@@ -165,6 +165,19 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """One readiness check ``bpgw check`` prints as a table row.
+
+    ``fix`` tells the operator what to do when ``ok`` is False (empty when it is True).
+    """
+
+    check: str
+    ok: bool
+    detail: str = ""
+    fix: str = ""
+
+
+@dataclass(frozen=True)
 class CommandRequest:
     """An operator command (``/protocol <name> <args>``) from any transport."""
 
@@ -416,6 +429,16 @@ class Adapter(ABC):
     def set_health(self, state: HealthState, detail: str = "") -> None:
         """Record a state change (adapters call this from their connection handling)."""
         self._health = Health(state, detail)
+
+    async def probe(self) -> Sequence[Probe]:
+        """Check, without starting, that the transport can run as configured.
+
+        ``bpgw check`` calls it before ``start`` (and without a gateway): a chat platform
+        makes its token-check call, a server checks its port is free, a bridge connects or
+        writes a probe file. Must return within a few seconds and leave nothing running.
+        The default reports that the transport has no probe.
+        """
+        return (Probe(f"transport {self.name}", True, "no readiness probe for this kind"),)
 
     def owned_names(self) -> Sequence[OwnedName]:
         """Agent names this transport's own credentials prove (none unless overridden)."""
