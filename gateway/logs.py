@@ -75,13 +75,43 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+# Libraries whose own loggers go through the same handler, so nothing they log reaches
+# standard error as plain multi-line text (Python's last-resort handler): aiohttp's
+# aiohttp.server / .web / .access / .internal, and asyncio's unhandled-error reports.
+LIBRARY_LOGGERS = ("aiohttp", "asyncio")
+
+
+class ClientErrorFilter(logging.Filter):
+    """A malformed request logged by the HTTP server is the client's error, not ours:
+    one warning line naming it, without the parser's traceback (a client sending
+    garbage must not be able to fill the log with tracebacks)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        # By module name: the gateway does not import aiohttp (a transport's library).
+        if exc is not None and type(exc).__module__ == "aiohttp.http_exceptions":
+            record.msg = f"{record.getMessage()}: {' '.join(str(exc).split())}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    """Send the ``bpgw`` loggers to standard error in the chosen format."""
+    """Send the ``bpgw`` loggers (and ``LIBRARY_LOGGERS``) to standard error in the
+    chosen format."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ClientErrorFilter())
     root = logging.getLogger("bpgw")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers[:] = [handler]
+        library.setLevel(max(logging.getLevelName(level.upper()), logging.WARNING))
+        library.propagate = False
     # APScheduler is chatty at INFO; its warnings still show.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)

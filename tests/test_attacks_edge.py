@@ -6,6 +6,10 @@ real Redis/Valkey) and checks the bound that stops it.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ from gateway.app import Gateway
 from protocol import build_request, render
 
 from gwkit import make_config, memory, running, sent_to
+from servers import free_port
 
 TOKENS = {"dave": "tok-dave-123", "erin": "tok-erin-456"}
 
@@ -105,3 +110,61 @@ async def test_aliases_of_one_token_share_one_budget(gw: Gateway) -> None:
     assert accepted == 4
     await gw.drain()
     assert len(sent_to(side, "mantis-room", OutboundKind.PROTOCOL)) == 4
+
+
+# -- logs stay structured (item 15) ----------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+MALFORMED = (
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"GET /\x00 HTTP/1.1\r\n\r\n",
+    b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00",
+)
+BANNER = ("bpgw gateway ", "  state: ", "  transport ")
+
+
+async def test_malformed_requests_log_one_json_line_each(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = tmp_path / "gw.toml"
+    config.write_text(
+        f'[gateway]\ndata_dir = "{tmp_path / "data"}"\nlog_format = "json"\n'
+        f'[state]\nredis_url = "{redis_url}"\nnamespace = "{namespace}"\n'
+        f'[transports.web]\nkind = "http"\nport = {port}\n'
+        f'[transports.web.tokens]\ndave = "{TOKENS["dave"]}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "run", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        cwd=tmp_path,
+    )
+    try:
+        async with aiohttp.ClientSession() as http, asyncio.timeout(30):
+            while True:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+        for payload in MALFORMED:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(payload)
+            answer = await asyncio.wait_for(reader.read(100), 5)
+            assert answer.startswith(b"HTTP/1.") and b" 400 " in answer, answer
+            writer.close()
+    finally:
+        proc.terminate()
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    records = [json.loads(line) for line in err.decode().splitlines()]  # each one JSON
+    refused = [r for r in records if r["logger"].startswith("aiohttp")]
+    assert refused, records  # aiohttp logs some of them (the rest at debug level)
+    assert all("exc" not in r and r["level"] == "warning" for r in refused), refused
+    assert any("Content-Length" in r["msg"] for r in refused), refused
+    for line in out.decode().splitlines():
+        assert line.startswith(BANNER) or line == "bpgw: shutting down", line
