@@ -163,7 +163,7 @@ async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
             ) as resp:
                 assert (await resp.json())["outcome"] == "accepted"
             async with http.get(
-                f"{base}/v1/agents/Mantis/inbox",
+                f"{base}/v1/agents/Mantis/inbox?wait=10",
                 headers={"Authorization": f"Bearer {tokens['Mantis']}"},
             ) as resp:
                 inbox = await resp.json()
