@@ -483,7 +483,16 @@ class DeliveryError(Exception):
 
 
 class ConfigError(ValueError):
-    """A transport's configuration is invalid; names the key and the reason."""
+    """The configuration (the gateway's or a transport's) is invalid.
+
+    The message names the key and the reason, and always starts with ``PREFIX``, so
+    every configuration error reads the same wherever it was raised.
+    """
+
+    PREFIX = "invalid configuration: "
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message if message.startswith(self.PREFIX) else self.PREFIX + message)
 
 
 AdapterFactory = Callable[[str, Mapping[str, Any]], Adapter]

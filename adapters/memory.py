@@ -33,7 +33,7 @@ from adapters.base import (
     Receipt,
     register_adapter,
 )
-from adapters.http.settings import load_options
+from adapters.options import load_options
 
 SentPredicate = Callable[[Outbound], bool]
 

@@ -3,18 +3,20 @@
 Every key has a safe default, so ``GatewayConfig()`` is the embedded-defaults setup.
 Secrets stay out of files: any string value ``"env:NAME"`` is read from the environment
 variable ``NAME``, and ``BPGW_SECTION__KEY=value`` overrides ``[section] key``
-(for example ``BPGW_STATE__REDIS_URL=redis://127.0.0.1:6379``).
-A bad config fails fast with the dotted key and the reason.
+(for example ``BPGW_STATE__REDIS_URL=redis://127.0.0.1:6379``; a list as JSON or
+comma-separated: ``BPGW_PERMISSIONS__OPERATORS=http:admin,http:ops``).
+A bad config fails fast with ``invalid configuration:``, the dotted key and the reason.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 from pydantic import (
     BaseModel,
@@ -26,14 +28,12 @@ from pydantic import (
 )
 
 from adapters.base import Address
+from adapters.base import ConfigError as ConfigError  # one class, one prefix, for every config
+from adapters.options import describe_validation_error, field_type
 from protocol.names import check_name, name_key
 from state.settings import StateSettings
 
 ENV_PREFIX = "BPGW_"
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the key and the reason."""
 
 
 class _Section(BaseModel):
@@ -294,8 +294,32 @@ def _resolve_env_refs(value: Any, path: str, environ: Mapping[str, str]) -> Any:
     return value
 
 
+def _env_value(var: str, path: list[str], value: str) -> Any:
+    """An override's value for the key at ``path``: list and table keys take JSON
+    (``["http:admin"]``, ``{"request": 60}``), a list also comma-separated values
+    (``http:admin,http:ops``); anything else stays a string for pydantic to convert."""
+    target = field_type(GatewayConfig, path)
+    origin = get_origin(target)
+    if origin not in (list, dict):
+        return value
+    text = value.strip()
+    if text.startswith(("[", "{")):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{var}: {'.'.join(path)} is not valid JSON: {exc}") from None
+        if not isinstance(parsed, origin):
+            want = "a list" if origin is list else "a table (JSON object)"
+            raise ConfigError(f"{var}: {'.'.join(path)} must be {want}")
+        return parsed
+    if origin is list:
+        return [item.strip() for item in text.split(",") if item.strip()]
+    key = ".".join(path)
+    raise ConfigError(f"{var}: {key} is a table: give a JSON object ({{...}})")
+
+
 def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """Apply ``BPGW_A__B=value`` as ``data[a][b] = value`` (values stay strings)."""
+    """Apply ``BPGW_A__B=value`` as ``data[a][b] = value`` (see ``_env_value``)."""
     for var, value in environ.items():
         if not var.startswith(ENV_PREFIX) or "__" not in var:
             continue
@@ -308,15 +332,7 @@ def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> No
             if not isinstance(child, dict):
                 raise ConfigError(f"{var}: {'.'.join(parts)} does not name a table key")
             node = child
-        node[parts[-1]] = value
-
-
-def _format_validation_error(exc: ValidationError) -> str:
-    problems = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        problems.append(f"{key}: {err['msg']}")
-    return "invalid configuration: " + "; ".join(problems)
+        node[parts[-1]] = _env_value(var, parts, value)
 
 
 def load_config(
@@ -339,4 +355,4 @@ def load_config(
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc, "", GatewayConfig)) from None

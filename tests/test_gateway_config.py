@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.base import Address
+from adapters.base import Address, create_adapter
 from gateway.config import (
     AgentSection,
     ConfigError,
@@ -114,3 +114,93 @@ def test_addresses() -> None:
     for bad in ("discord", ":x", "discord:", "discord:#t"):
         with pytest.raises(ConfigError):
             parse_address(bad)
+
+
+# -- error wording (issue 8 item 9) and list-valued overrides (item 14) -------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            '[gateway]\nlog_levle = "DEBUG"\n',
+            "unknown key gateway.log_levle (did you mean log_level?)",
+        ),
+        ("[gatway]\nname = 'x'\n", "unknown key gatway (did you mean gateway?)"),
+        ("[policy]\nzzz = 1\n", "unknown key policy.zzz (known: undeclared_agents,"),
+        (
+            '[agents.Bot]\nadress = ["chat:x"]\n',
+            "unknown key agents.Bot.adress (did you mean addresses?)",
+        ),
+        (
+            "[transports.api]\nkind = 'http'\nprot = 1\n",
+            "unknown key transports.api.prot (did you mean port?)",
+        ),
+        (
+            '[state]\nsweep_batch = "lots"\n',
+            "state.sweep_batch: Input should be a valid integer, unable to parse string as "
+            "an integer (got 'lots')",
+        ),
+        ("[outbox]\nmax_attempts = 0\n", "outbox.max_attempts: Input should be greater than"),
+        ('[permissions]\noperators = "http:admin"\n', "permissions.operators: Input should be"),
+        ("[state.timeouts]\nrequest = -1\n", "state.timeouts: request timeout must be positive"),
+        ("[transports.api]\nkind = 'http'\nport = 70000\n", "transports.api.port: Input should"),
+        ("[state\n", "is not valid TOML"),
+    ],
+)
+async def test_config_errors_read_the_same(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        config = load_config(path, environ={})
+        for name in config.enabled_transports():  # transport options are checked here
+            create_adapter(config.transport_kind(name), name, config.transport_options(name))
+    text = str(err.value)
+    assert text.startswith("invalid configuration: "), text
+    assert message in text, text
+    assert "Extra inputs" not in text and "Value error" not in text
+
+
+def test_a_token_is_never_echoed_in_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text("[transports.api]\nkind = 'http'\n[transports.api.tokens]\nbot = 'sh0rt'\n")
+    config = load_config(path, environ={})
+    with pytest.raises(ConfigError) as err:
+        create_adapter("http", "api", config.transport_options("api"))
+    assert "transports.api.tokens.bot" in str(err.value) and "sh0rt" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "value", ['["http:admin", "http:ops"]', "http:admin,http:ops", " http:admin , http:ops ,"]
+)
+def test_list_settings_from_the_environment(value: str) -> None:
+    config = load_config(None, environ={"BPGW_PERMISSIONS__OPERATORS": value})
+    assert config.permissions.operators == ["http:admin", "http:ops"]
+
+
+def test_table_and_agent_list_settings_from_the_environment() -> None:
+    env = {
+        "BPGW_STATE__TIMEOUTS": '{"request": 60}',
+        "BPGW_AGENTS__BOT__ADDRESSES": "chat:a,chat:b#t",
+        "BPGW_PERMISSIONS__READ": "[]",
+        "BPGW_STATE__SWEEP_BATCH": "5",
+    }
+    config = load_config(None, environ=env)
+    assert config.state.timeouts == {"request": 60.0}
+    assert config.agents["bot"].addresses == ["chat:a", "chat:b#t"]
+    assert config.permissions.read == [] and config.state.sweep_batch == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"BPGW_PERMISSIONS__OPERATORS": '["http:admin"'}, "is not valid JSON"),
+        ({"BPGW_PERMISSIONS__OPERATORS": '{"a": 1}'}, "permissions.operators must be a list"),
+        ({"BPGW_STATE__TIMEOUTS": "request=60"}, "state.timeouts is a table"),
+        ({"BPGW_GATEWAY__LOG_LEVLE": "DEBUG"}, "unknown key gateway.log_levle (did you mean"),
+    ],
+)
+def test_bad_environment_overrides(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, environ=env)
+    assert str(err.value).startswith("invalid configuration: ") and message in str(err.value)

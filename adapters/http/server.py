@@ -30,7 +30,7 @@ from adapters.base import (
 )
 from adapters.http.auth import Caller, TokenAuth
 from adapters.http.inbox import ACK_ID, Inboxes, InboxFull, InboxMessage
-from adapters.http.settings import HttpSettings, load_options
+from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
     AckBody,
     ApiError,
@@ -42,6 +42,7 @@ from adapters.http.wire import (
     query_text,
     read_body,
 )
+from adapters.options import load_options
 
 log = logging.getLogger("bpgw.adapters.http")
 

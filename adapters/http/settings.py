@@ -1,42 +1,13 @@
-"""Options of the ``http`` transport, validated with pydantic.
-
-``load_options`` turns any pydantic validation failure into a ``ConfigError`` that
-names the offending key as ``transports.<name>.<key>``; the memory transport reuses it.
-"""
+"""Options of the ``http`` transport, validated with pydantic (``adapters.options``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-
-from adapters.base import ConfigError
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@:-]+$")]
 Token = Annotated[str, Field(min_length=8)]
-
-
-def describe_validation_error(exc: ValidationError, prefix: str) -> str:
-    """One line per problem, each naming its key under ``prefix`` (``a.b.c: reason``)."""
-    problems = []
-    for error in exc.errors(include_url=False):
-        key = ".".join(str(part) for part in (prefix, *error["loc"]))
-        reason = error["msg"]
-        if error["type"] == "value_error":
-            reason = str(error.get("ctx", {}).get("error", reason))
-        problems.append(f"{key}: {reason}")
-    return "; ".join(problems)
-
-
-def load_options(model: type[ModelT], name: str, options: Mapping[str, Any] | None) -> ModelT:
-    """Validate a transport's ``options`` mapping; raise ``ConfigError`` naming the key."""
-    try:
-        return model.model_validate(dict(options or {}))
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, f"transports.{name}")) from None
 
 
 class HttpSettings(BaseModel):

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from adapters.http.settings import describe_validation_error
+from adapters.options import describe_validation_error
 
 log = logging.getLogger("bpgw.adapters.http")
 
@@ -116,7 +116,7 @@ def parse_as(model: type[ModelT], data: Any) -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ApiError(400, describe_validation_error(exc, "body")) from None
+        raise ApiError(400, describe_validation_error(exc, "body", model)) from None
 
 
 def query_number(
