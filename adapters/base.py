@@ -189,6 +189,10 @@ class CommandRequest:
     thread: str | None = None
     # Platform roles of the author (role ids/names), for role-based permissions.
     roles: tuple[str, ...] = ()
+    # The author proved an operator credential of this transport (the HTTP API's
+    # ``operator_tokens``): an operator unless ``[permissions] operator_credentials`` is
+    # false. Platform roles never set it: anyone may name a Discord role "operator".
+    operator: bool = False
 
     @property
     def identity(self) -> str:

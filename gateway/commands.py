@@ -1,8 +1,9 @@
 """Operator commands (``/protocol ...``), written once as platform-neutral results.
 
 Each adapter renders a ``CommandResult`` natively (embeds, Block Kit, HTML, JSON).
-Read commands are open to ``[permissions] read`` (everyone by default); ``cancel`` needs
-``[permissions] operators``.
+Read commands are open to ``[permissions] read`` (everyone by default); ``cancel`` and the
+other operator commands need ``[permissions] operators`` or a transport's operator
+credential (``CommandRequest.operator``, unless ``operator_credentials = false``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class Commands:
     def allowed(self, cmd: CommandRequest) -> bool:
         """Whether the author may run ``cmd`` (unknown commands: as a read command)."""
         perms = self._config.permissions
+        if cmd.operator and perms.operator_credentials:
+            return True
         rules = (
             perms.operators if cmd.name in OPERATOR_COMMANDS else [*perms.read, *perms.operators]
         )

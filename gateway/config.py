@@ -153,11 +153,13 @@ class PermissionsSection(_Section):
     """``[permissions]``: who may run operator commands.
 
     Entries are identities (``transport:author-id``), roles (``role:transport:role``)
-    or ``*`` for everyone.
+    or ``*`` for everyone. A transport's operator credential (an HTTP operator token)
+    makes its holder an operator too, unless ``operator_credentials`` is false.
     """
 
     read: list[str] = Field(default_factory=lambda: ["*"])
     operators: list[str] = Field(default_factory=list)
+    operator_credentials: bool = True
 
 
 class AgentSection(_Section):

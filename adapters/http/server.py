@@ -331,6 +331,7 @@ class HttpAdapter(Adapter):
             name=name,
             args=args,
             roles=("operator",) if caller.is_operator else (),
+            operator=caller.is_operator,
         )
         result = await self.sink.on_command(command)
         log.info("command %s from %s: ok=%s", name, caller.name, result.ok)

@@ -1,0 +1,126 @@
+"""Operators and delivery warnings over HTTP, through a real aiohttp client: an operator
+token is an operator (issue 8 item 13), a REQUEST to an agent without an address says so
+machine-readably (item 12)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from adapters.http import HttpAdapter
+from gateway.app import Gateway
+from gateway.config import GatewayConfig
+from protocol import build_request, render
+
+from gwkit import running
+
+AGENT = {"Authorization": "Bearer tok-lotbot-1"}
+ADMIN = {"Authorization": "Bearer tok-admin-1"}
+
+
+@asynccontextmanager
+async def _gateway(
+    redis_url: str, namespace: str, tmp_path: Path, **permissions: Any
+) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession, str]]:
+    config = GatewayConfig.model_validate(
+        {
+            "gateway": {"data_dir": str(tmp_path), "log_format": "text"},
+            "state": {"redis_url": redis_url, "namespace": namespace},
+            "permissions": {"read": ["*"], "operators": [], **permissions},
+            "transports": {
+                "web": {
+                    "kind": "http",
+                    "port": 0,
+                    "tokens": {"Lotbot": "tok-lotbot-1", "Mantis": "tok-mantis-1"},
+                    "operator_tokens": {"admin": "tok-admin-1"},
+                }
+            },
+        }
+    )
+    async with running(config) as gw, aiohttp.ClientSession() as http:
+        adapter = gw.adapters["web"]
+        assert isinstance(adapter, HttpAdapter)
+        yield gw, http, adapter.url
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                auth: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    async with http.post(url, json=body, headers=auth) as resp:
+        return resp.status, await resp.json()
+
+
+async def _open_request(http: aiohttp.ClientSession, base: str) -> str:
+    req = build_request(sender="Lotbot", to="Mantis", task="check disk")
+    status, body = await _post(http, f"{base}/v1/messages", {"text": render(req)}, AGENT)
+    assert status == 200 and body["outcome"] == "accepted", body
+    return req.request_id
+
+
+async def test_an_operator_token_is_an_operator(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    async with _gateway(redis_url, namespace, tmp_path) as (gw, http, base):
+        rid = await _open_request(http, base)
+        status, refused = await _post(
+            http, f"{base}/v1/commands", {"text": f"/protocol cancel {rid}"}, AGENT
+        )
+        assert status == 200 and not refused["ok"] and "permission denied" in refused["title"]
+        status, done = await _post(
+            http, f"{base}/v1/commands", {"text": f'/protocol cancel {rid} "too slow"'}, ADMIN
+        )
+        assert status == 200 and done["ok"], done
+        assert {"name": "reason", "value": "too slow"} in done["fields"]
+        conv = await gw.store.get(rid)
+        assert conv is not None and conv.status == "cancelled"
+
+
+async def test_operator_credentials_can_be_switched_off(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    async with _gateway(redis_url, namespace, tmp_path, operator_credentials=False) as (
+        _gw,
+        http,
+        base,
+    ):
+        rid = await _open_request(http, base)
+        status, refused = await _post(
+            http, f"{base}/v1/commands", {"command": "cancel", "args": [rid]}, ADMIN
+        )
+        assert status == 200 and not refused["ok"]
+        assert refused["fields"] == [
+            {"name": "why", "value": "web:admin is not among the configured operators"}
+        ]
+    listed = {"operator_credentials": False, "operators": ["web:admin"]}
+    async with _gateway(redis_url, namespace, tmp_path, **listed) as (_gw, http, base):
+        status, done = await _post(
+            http, f"{base}/v1/commands", {"command": "cancel", "args": [rid]}, ADMIN
+        )
+        assert status == 200 and done["ok"], done
+
+
+async def test_a_request_to_an_agent_without_an_address_warns(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    async with _gateway(redis_url, namespace, tmp_path) as (gw, http, base):
+        req = build_request(sender="Lotbot", to="Nobody", task="anyone there?")
+        status, body = await _post(http, f"{base}/v1/messages", {"text": render(req)}, AGENT)
+        assert status == 200 and body["outcome"] == "accepted", body
+        assert body["detail"].endswith("queued for delivery to 0 address(es)")
+        [warning] = body["warnings"]
+        assert warning["code"] == "no_address" and warning["agent"] == "Nobody"
+        assert warning["request_id"] == req.request_id and warning["detail"]
+        # The notice says so too, in the sender's inbox; the conversation is tracked.
+        await gw.drain()
+        async with http.get(f"{base}/v1/agents/Lotbot/inbox", headers=AGENT) as resp:
+            inbox = await resp.json()
+        [notice] = inbox["messages"]
+        assert notice["kind"] == "notice" and "@Nobody has no known address" in notice["text"]
+        assert (await gw.store.get(req.request_id)) is not None
+        # A REQUEST to an agent with an inbox has no warning.
+        ok = build_request(sender="Lotbot", to="Mantis", task="check disk")
+        status, body = await _post(http, f"{base}/v1/messages", {"text": render(ok)}, AGENT)
+        assert status == 200 and body["warnings"] == [], body
