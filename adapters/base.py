@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from adapters.chunking import split_message
+
 
 @dataclass(frozen=True)
 class Author:
@@ -29,6 +31,9 @@ class Author:
     is_bot: bool = False
     # True when the gateway itself wrote the message (our own echo).
     is_self: bool = False
+    # Platform roles of the author (role ids and names), for ``role:`` permissions of
+    # commands typed as messages.
+    roles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -430,6 +435,11 @@ class Adapter(ABC):
         """The transport's current state."""
         return self._health
 
+    def stats(self) -> Mapping[str, Any]:
+        """Connection figures (latency, reconnects, last event...) shown in ``/healthz``
+        and ``/protocol status`` next to ``health()``: JSON-ready values; none by default."""
+        return {}
+
     def set_health(self, state: HealthState, detail: str = "") -> None:
         """Record a state change (adapters call this from their connection handling)."""
         self._health = Health(state, detail)
@@ -453,20 +463,16 @@ class Adapter(ABC):
         return result.to_text()
 
     def split_text(self, text: str) -> list[str]:
-        """Split ``text`` into chunks that fit ``capabilities.max_message_length``."""
+        """Split ``text`` into chunks that fit ``capabilities.max_message_length``.
+
+        Cuts only on line boundaries between fenced blocks (``adapters/chunking.py``); a
+        block longer than the limit stays whole in a chunk of its own (a transport that
+        can send files uses ``split_message`` and sends such a block as a file instead).
+        """
         limit = self.capabilities.max_message_length
         if limit is None or len(text) <= limit:
             return [text]
-        chunks: list[str] = []
-        rest = text
-        while len(rest) > limit:
-            cut = rest.rfind("\n", 0, limit)
-            cut = cut + 1 if cut > 0 else limit
-            chunks.append(rest[:cut])
-            rest = rest[cut:]
-        if rest:
-            chunks.append(rest)
-        return chunks
+        return [part.block or part.text for part in split_message(text, limit)]
 
 
 class DeliveryError(Exception):

@@ -310,7 +310,7 @@ class Gateway:
     def health(self) -> dict[str, Any]:
         """Per-transport state, sweeper state and counters."""
         transports = {
-            name: {"state": str(a.health().state), "detail": a.health().detail}
+            name: {"state": str(a.health().state), "detail": a.health().detail, **a.stats()}
             for name, a in self.adapters.items()
         }
         report = self._sweeper.last_report if self._sweeper else None
@@ -365,6 +365,11 @@ class Gateway:
             (
                 "transports",
                 ", ".join(f"{n}: {t['state']}" for n, t in health["transports"].items()) or "none",
+            ),
+            *(
+                (f"transport {name}", ", ".join(f"{k}: {v}" for k, v in stats.items()))
+                for name, a in self.adapters.items()
+                if (stats := a.stats())
             ),
             ("last sweep", sweep),
             *await self._outbox_status(),

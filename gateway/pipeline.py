@@ -117,6 +117,7 @@ class Pipeline:
                     command[0],
                     command[1],
                     thread=env.thread,
+                    roles=env.author.roles,
                 )
             )
             adapter = self._outbox.adapter(env.transport)
