@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.mq9.names import check_namespace
+from adapters.mq9.names import address_problem, check_namespace
 
 # A text payload can grow six-fold in a JSON reply (a control byte becomes \u00XX); the
 # rest of a reply (msg_id, header, ...) is kept within this many bytes per message.
@@ -63,3 +64,67 @@ class ServiceSettings(BaseModel):
                 f"least {need} bytes (the server allows {nats_max_payload}); lower it or "
                 "raise the server's max_payload"
             )
+
+
+class BridgeSettings(BaseModel):
+    """Options of one ``mq9`` transport (the bridge; see docs/mq9.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nats_url: str = Field(
+        "embedded", pattern=r"^(embedded|((nats|tls|ws|wss)://[^,\s]+)(,(nats|tls|ws|wss)://[^,\s]+)*)$",
+        description="NATS server(s), comma-separated, or 'embedded' (a private nats-server)")
+    data_dir: Path = Field(
+        Path(".bpgw/nats"), description="folder of the embedded nats-server's data")
+    serve: bool | None = Field(
+        None, description="run the mq9 service in the gateway (default: only when embedded)")
+    agent_name: str = Field(
+        "bpgw", min_length=1, max_length=256, description="the name the gateway registers")
+    mailbox: str = Field("bpgw.gateway", description="the gateway's mail_address")
+    mailbox_ttl_seconds: int = Field(
+        0, ge=0, description="TTL of the mailbox when the bridge creates it (0: never expires)")
+    description: str = Field(
+        "bpgw gateway: send protocol blocks (REQUEST, RESPONSE, ...) here with header "
+        "mq9-reply-to set to your own mailbox", max_length=1024,
+        description="the registration's payload (what DISCOVER searches)")
+    group: str = Field("bpgw", min_length=1, max_length=256, description="consumer group")
+    payload_encoding: Literal["text", "base64"] = Field(
+        "text", description="how the broker returns FETCH payloads: text (broker) or base64")
+    fetch_batch: int = Field(100, ge=1, le=1000, description="num_msgs per FETCH")
+    fetch_wait_ms: int = Field(1000, ge=0, le=30_000, description="FETCH max_wait_ms")
+    request_timeout_seconds: float = Field(5.0, gt=0, le=120, allow_inf_nan=False)
+    heartbeat_seconds: float = Field(30.0, gt=0, le=86_400, allow_inf_nan=False)
+    retry_seconds: float = Field(
+        1.0, gt=0, le=300, allow_inf_nan=False,
+        description="pause before retrying after NATS or the gateway's store failed")
+    discover_cache_seconds: float = Field(60.0, ge=0, le=86_400, allow_inf_nan=False)
+    discover_max_pages: int = Field(5, ge=1, le=100)
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds_file: Path | None = Field(None, description="NATS .creds file (JWT + NKey seed)")
+    nkeys_seed: Path | None = Field(None, description="NKey seed file")
+    tls_ca_file: Path | None = Field(None, description="CA certificate for tls:// servers")
+
+    @field_validator("mailbox")
+    @classmethod
+    def _mailbox(cls, value: str) -> str:
+        problem = address_problem(value)
+        if problem:
+            raise ValueError(f"invalid mail_address {value!r}: {problem}")
+        return value
+
+    @property
+    def embedded(self) -> bool:
+        """True when the gateway runs its own nats-server."""
+        return self.nats_url == "embedded"
+
+    @property
+    def serves(self) -> bool:
+        """True when the gateway runs the mq9 service itself."""
+        return self.embedded if self.serve is None else self.serve
+
+    @property
+    def servers(self) -> list[str]:
+        """The configured NATS server URLs (not for ``embedded``)."""
+        return self.nats_url.split(",")

