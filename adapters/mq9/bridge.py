@@ -47,7 +47,7 @@ from adapters.base import (
     Probe,
     Receipt,
 )
-from adapters.http.settings import load_options
+from adapters.options import load_options
 from adapters.mq9.acking import ack_plan
 from adapters.mq9.client import (
     MESSAGE_ID_HEADER,
