@@ -11,6 +11,7 @@ A bad config fails fast with ``invalid configuration:``, the dotted key and the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -34,6 +35,10 @@ from protocol.names import check_name, name_key
 from state.settings import StateSettings
 
 ENV_PREFIX = "BPGW_"
+RETIRED_POLICY_KEYS = frozenset({"dedupe_window_seconds", "loop_guard_max_entries"})
+"""``[policy]`` keys older versions had; accepted and ignored."""
+
+log = logging.getLogger("bpgw.gateway.config")
 
 
 class _Section(BaseModel):
@@ -109,10 +114,20 @@ class PolicySection(_Section):
     pair_budget_messages: int = Field(default=20, ge=1)
     pair_budget_window_seconds: float = Field(default=60.0, gt=0)
     pair_cooldown_seconds: float = Field(default=60.0, ge=0)
-    dedupe_window_seconds: float = Field(default=600.0, gt=0)
     max_block_bytes: int = Field(default=65536, ge=256, le=16 * 1024 * 1024)
     max_blocks_per_message: int = Field(default=10, ge=1, le=1000)
-    loop_guard_max_entries: int = Field(default=100_000, ge=100, le=10_000_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_keys(cls, data: Any) -> Any:
+        """Drop the keys of the per-process loop guards (with a warning), so older files
+        still load: duplicates are now recognised by the conversation records for their
+        whole retention, and the budget keys in Redis expire by themselves."""
+        if isinstance(data, dict):
+            for key in RETIRED_POLICY_KEYS.intersection(data):
+                log.warning("[policy] %s is no longer used and is ignored", key)
+            data = {k: v for k, v in data.items() if k not in RETIRED_POLICY_KEYS}
+        return data
 
 
 class ReplicasSection(_Section):

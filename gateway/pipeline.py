@@ -24,7 +24,7 @@ from gateway import notices
 from gateway.agents import AgentDirectory, IdentityVerdict, SenderCheck
 from gateway.commands import CancelNotice, Commands, parse_command
 from gateway.config import GatewayConfig, parse_address
-from gateway.guards import PairBudget, RecentSet
+from gateway.guards import PairBudget
 from gateway.logs import ids
 from gateway.metrics import Metrics
 from gateway.outbox import Item, Outbox, journal_entry
@@ -79,16 +79,7 @@ class Pipeline:
         self._metrics = metrics
         self._commands = commands
         self._name = config.gateway.name
-        policy = config.policy
-        self._recent = RecentSet(
-            policy.dedupe_window_seconds, max_items=policy.loop_guard_max_entries
-        )
-        self._budget = PairBudget(
-            policy.pair_budget_messages,
-            policy.pair_budget_window_seconds,
-            policy.pair_cooldown_seconds,
-            max_keys=policy.loop_guard_max_entries,
-        )
+        self._budget = PairBudget(config.policy)
         self._mirrors = [parse_address(m) for m in config.mirrors]
 
     # -- entry points -------------------------------------------------------------
@@ -239,32 +230,31 @@ class Pipeline:
         if rejection is not None:
             return await self._reject(env, msg, rejection)
         fp = fingerprint(msg)
-        if fp in self._recent:
-            return Disposition(
-                "duplicate",
-                "already accepted: seen recently; it is delivered once, not again",
-                (msg.request_id,),
-            )
-        # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
-        budget = self._budget.check(msg.sender, msg.to, env.identity)
-        if not budget.allowed:
-            reason = (
-                f"@{msg.sender} ({env.identity}) and @{msg.to} exceeded "
-                f"{self._config.policy.pair_budget_messages} messages per "
-                f"{self._config.policy.pair_budget_window_seconds:g}s; relaying between them "
-                f"resumes in {budget.retry_after:.0f}s"
-            )
-            return await self._reject(env, msg, _Rejection("loop", reason), notify=budget.tripped)
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         targets = await self._targets(msg, env.address, None)
-        # The relays are journaled in the same atomic step as the state change.
+        # The relays are journaled in the same atomic step as the state change, and the
+        # loop guard is checked and charged in it too (shared by every replica).
         entry = self._entry(msg, targets, sender_at=env.address) if targets else ""
-        applied = await self._store.apply(msg, origin, fingerprint=fp, journal=entry)
+        # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
+        budget = self._budget.budget(msg.sender, msg.to, env.identity)
+        applied = await self._store.apply(
+            msg, origin, fingerprint=fp, journal=entry, budget=budget
+        )
         if applied.outcome is Outcome.DUPLICATE:
-            self._recent.add(fp)
             log.info("duplicate message counted once", extra=ids(msg, transport=env.transport))
             return Disposition(
                 "duplicate", f"already accepted: {applied.reason}", (msg.request_id,)
+            )
+        if applied.outcome is Outcome.LOOP:
+            policy = self._config.policy
+            reason = (
+                f"@{msg.sender} ({env.identity}) and @{msg.to} exceeded "
+                f"{policy.pair_budget_messages} messages per "
+                f"{policy.pair_budget_window_seconds:g}s; relaying between them "
+                f"resumes in {applied.retry_after:.0f}s"
+            )
+            return await self._reject(
+                env, msg, _Rejection("loop", reason), notify=applied.tripped
             )
         if applied.outcome is Outcome.DEPTH:
             return await self._reject(
@@ -274,7 +264,6 @@ class Pipeline:
             return await self._reject(
                 env, msg, _Rejection(str(applied.outcome), applied.reason, violation=False)
             )
-        self._recent.add(fp)
         if log.isEnabledFor(logging.INFO):  # the hot path: build the context only if logged
             log.info(
                 "message accepted",

@@ -106,6 +106,22 @@ class Outcome(StrEnum):
     ILLEGAL = "illegal"
     ORPHAN = "orphan"
     DEPTH = "depth"
+    LOOP = "loop"  # refused by a loop-guard budget (ConversationStore.apply ``budget``)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A loop guard the apply script checks and charges in the same atomic step.
+
+    At most ``limit`` messages per ``window`` seconds may count against each of the
+    budgets ``names`` (one Redis key each, in the namespace's slot); the message that
+    finds one full starts its ``cooldown``. Duplicates never count.
+    """
+
+    names: tuple[str, ...]
+    limit: int
+    window: float
+    cooldown: float
 
 
 @dataclass(frozen=True)
@@ -114,13 +130,17 @@ class ApplyResult:
 
     ``reason`` is a sentence a person can act on ("" when applied);
     ``conversation`` is the record after the step (before it when refused, None
-    when there is none); ``previous_status`` is the status before the step.
+    when there is none); ``previous_status`` is the status before the step. An outcome
+    ``loop`` says in ``retry_after`` how many seconds until the budget lets messages pass,
+    and ``tripped`` is True only for the message that started the cooldown.
     """
 
     outcome: Outcome
     reason: str
     conversation: Conversation | None
     previous_status: ConvStatus | None = None
+    retry_after: float = 0.0
+    tripped: bool = False
 
     @property
     def applied(self) -> bool:

@@ -33,6 +33,7 @@ from state.records import (
     ACTIVE,
     TERMINAL,
     ApplyResult,
+    Budget,
     Conversation,
     ConvStatus,
     Event,
@@ -167,6 +168,10 @@ class Keys:
         """The index of active conversations one agent owes a reply on."""
         return f"{self.prefix}a:{agent}"
 
+    def budget(self, name: str) -> str:
+        """One loop-guard budget (same slot as the records: the apply script charges it)."""
+        return f"{self.prefix}lg:{name}"
+
 
 def load_script(name: str) -> str:
     """Source of one store script: the shared helpers followed by its body."""
@@ -194,17 +199,23 @@ class ConversationStore:
     # -- transitions ---------------------------------------------------------------
 
     async def apply(self, msg: Message, origin: Origin, *, now: float | None = None,
-                    fingerprint: str | None = None, journal: str = "") -> ApplyResult:
+                    fingerprint: str | None = None, journal: str = "",
+                    budget: Budget | None = None) -> ApplyResult:
         """Apply one protocol message to its conversation in one round trip.
 
         ``fingerprint`` is ``protocol.fingerprint(msg)`` when the caller has it already.
         ``journal`` is an outbox journal entry (JSON, see ``gateway.outbox``) appended to
         the journal stream ``P ob:j`` in the same atomic step when the message is accepted
         (applied, or kept as an orphan), so state and outbound messages commit together.
+        ``budget`` is checked first (after the duplicate check) and charged unless the
+        message is a duplicate; a full budget refuses it with outcome ``loop``.
         """
         keys, args = self._message_call(msg, origin, now, fingerprint)
-        if journal:
+        if journal or budget is not None:
             args.append(journal)
+        if budget is not None:
+            keys.extend(self.keys.budget(n) for n in budget.names)
+            args.append(_to_json([budget.limit, budget.window, budget.cooldown]))
         return self._result(msg.request_id, msg.trace_id, str(msg.type),
                             await self._apply_one(keys=keys, args=args))
 
@@ -278,7 +289,11 @@ class ConversationStore:
         outcome = _OUTCOMES[raw[0]]
         conv = decode_conversation(request_id, raw[3]) if raw[3] else None
         previous = _STATUSES[raw[2]] if raw[2] else None
-        result = ApplyResult(outcome, _text(raw[1]), conv, previous)
+        if outcome is Outcome.LOOP:
+            result = ApplyResult(outcome, "", None, None, retry_after=int(raw[5]) / 1000,
+                                 tripped=bool(raw[4]))
+        else:
+            result = ApplyResult(outcome, _text(raw[1]), conv, previous)
         if outcome is Outcome.APPLIED:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("conversation %s: %s applied", request_id, typ,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -204,3 +205,22 @@ def test_bad_environment_overrides(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(None, environ=env)
     assert str(err.value).startswith("invalid configuration: ") and message in str(err.value)
+def test_retired_loop_guard_keys_still_load_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text(
+        "[policy]\ndedupe_window_seconds = 600\nloop_guard_max_entries = 100000\n"
+        "pair_budget_messages = 7\n"
+    )
+    logger = logging.getLogger("bpgw.gateway.config")
+    logger.addHandler(caplog.handler)  # "bpgw" may not propagate once logging is configured
+    try:
+        config = load_config(path, environ={})
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert config.policy.pair_budget_messages == 7
+    assert "dedupe_window_seconds is no longer used" in caplog.text
+    assert "loop_guard_max_entries is no longer used" in caplog.text
+    with pytest.raises(ConfigError, match=r"policy\.dedupe_window"):  # still typo-checked
+        load_config(None, environ={"BPGW_POLICY__DEDUPE_WINDOW": "1"})

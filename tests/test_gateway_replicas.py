@@ -166,3 +166,47 @@ async def test_single_connection_transport_runs_on_one_replica_and_moves(
     finally:
         await second.stop()
         await first.stop()
+
+
+async def test_the_pair_budget_is_shared_by_replicas(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    budget = {"pair_budget_messages": 4, "pair_cooldown_seconds": 60}
+    first = Gateway(make_config(redis_url, namespace, tmp_path / "a", policy=budget))
+    second = Gateway(make_config(redis_url, namespace, tmp_path / "b", policy=budget))
+    await first.start()
+    await second.start()
+    try:
+        texts = [
+            render(build_request(sender="Lotbot", to="Mantis", task=f"ping {n}"))
+            for n in range(8)
+        ]
+        outcomes = []
+        for n, text in enumerate(texts):  # alternating replicas, as a load balancer would
+            gw = (first, second)[n % 2]
+            d = await memory(gw, "chat").inject(text, author_id="u-lot", native_id=f"b-{n}")
+            outcomes.append((d.outcome, d.detail.split(":")[0]))
+        # The 5th message across both replicas is refused, and every one after it.
+        assert [o for o, _ in outcomes] == ["accepted"] * 4 + ["rejected"] * 4
+        assert {why for _, why in outcomes[4:]} == {"loop"}
+        # A retry of an accepted message on the other replica is a duplicate, not a loop.
+        again = await memory(second, "chat").inject(texts[0], author_id="u-lot", native_id="b-r")
+        assert again.outcome == "duplicate"
+        for gw in (first, second):
+            await gw.drain()
+        notices = [
+            o
+            for gw in (first, second)
+            for o in sent_to(memory(gw, "chat"), "main", OutboundKind.NOTICE)
+            if "exceeded 4 messages" in o.text
+        ]
+        assert len(notices) == 1  # one notice for the trip, from whichever replica delivers
+        relayed = [
+            o
+            for gw in (first, second)
+            for o in sent_to(memory(gw, "side"), "mantis-room", OutboundKind.PROTOCOL)
+        ]
+        assert len(relayed) == 4
+    finally:
+        await second.stop()
+        await first.stop()
