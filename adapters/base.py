@@ -373,13 +373,23 @@ class GatewaySink(Protocol):
     async def conversations(
         self, *, status: str | None, agent: str | None, offset: int, limit: int
     ) -> list[dict[str, Any]]:
-        """A filtered, paged list of conversations as JSON-ready dicts."""
+        """A filtered, paged list of conversations as JSON-ready dicts.
+
+        Raises ``QueryError`` for a filter that names nothing (an unknown status) and
+        ``Unavailable`` when the state store cannot answer now.
+        """
 
     async def conversation(self, request_id: str) -> dict[str, Any] | None:
-        """One conversation with its whole history, or None when unknown."""
+        """One conversation with its whole history, or None when unknown (``Unavailable``
+        when the state store cannot answer now)."""
 
     def health(self) -> dict[str, Any]:
-        """The gateway's and every transport's health, JSON-ready."""
+        """The gateway's and every transport's health as last seen, JSON-ready."""
+
+    async def check_health(self) -> dict[str, Any]:
+        """``health()`` after a fresh, time-bounded check of the state store (a second at
+        most): ``status`` is ``ok`` or ``degraded``, ``failing`` names the failing parts
+        and ``parts`` lists every part as ``{"name", "ok", "detail"}``."""
 
     def cursors(self, transport: str) -> Cursors:
         """The shared catch-up cursors of ``transport`` (see ``Cursors``)."""
@@ -503,6 +513,22 @@ class ConfigError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message if message.startswith(self.PREFIX) else self.PREFIX + message)
+
+
+class QueryError(ValueError):
+    """A query the gateway cannot answer as asked (an unknown status filter); the
+    message says what is accepted. Transports answer it as the caller's error (HTTP 400)."""
+
+
+class Unavailable(Exception):
+    """The gateway cannot answer now (its state store is unreachable or too slow).
+
+    Transports answer it as a temporary failure (HTTP 503 with ``Retry-After``).
+    """
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 AdapterFactory = Callable[[str, Mapping[str, Any]], Adapter]

@@ -16,7 +16,10 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from adapters.base import (
     Adapter,
@@ -26,12 +29,15 @@ from adapters.base import (
     Disposition,
     Envelope,
     HealthState,
+    QueryError,
+    Unavailable,
     create_adapter,
 )
 from gateway.agents import AgentDirectory
 from gateway.commands import CancelNotice, Commands
 from gateway.config import ConfigError, GatewayConfig
 from gateway.dispatch import Dispatcher
+from gateway.health import HealthProbe, Part
 from gateway.leases import LeaseKeeper
 from gateway.metrics import Metrics
 from gateway.notices import format_duration
@@ -41,7 +47,7 @@ from state.connection import RedisHandle, open_redis
 from state.cursors import CursorStore
 from state.inbound import Claim, InboundClaims
 from state.leases import Lease
-from state.records import Conversation
+from state.records import Conversation, ConvStatus
 from state.store import ConversationStore
 from state.sweeper import Sweeper
 
@@ -58,6 +64,24 @@ def conversation_to_dict(conv: Conversation) -> dict[str, Any]:
     data["status"] = str(conv.status)
     data["owes_reply"] = None if conv.is_terminal else conv.owes_reply
     return data
+
+
+def _status_filter(text: str) -> str:
+    """A status filter as the store names it (any case); ``QueryError`` when unknown."""
+    try:
+        return str(ConvStatus(text.strip().lower()))
+    except ValueError:
+        known = ", ".join(str(s) for s in ConvStatus)
+        raise QueryError(f"unknown status {text!r}; use one of: {known}") from None
+
+
+@contextlib.contextmanager
+def _store_answers() -> Iterator[None]:
+    """Turn a state store that cannot answer into ``Unavailable`` (a 503, not a crash)."""
+    try:
+        yield
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise Unavailable(f"the state store cannot answer now ({exc}); retry") from exc
 
 
 class Gateway:
@@ -79,6 +103,7 @@ class Gateway:
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._outbox: Outbox | None = None
         self._dispatcher: Dispatcher | None = None
+        self._probe: HealthProbe | None = None
         self._started = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------
@@ -126,6 +151,9 @@ class Gateway:
             cfg.outbox,
             on_dead_letter=self._pipeline.on_dead_letter,
             replica=self.replica_id,
+        )
+        self._probe = HealthProbe(
+            redis, outbox.keys.journal, stall_seconds=cfg.outbox.stall_seconds
         )
         self._sweeper = Sweeper(self._store, self._pipeline.on_timeout, settings)
         self._sweeper.start()
@@ -298,36 +326,78 @@ class Gateway:
     async def conversations(
         self, *, status: str | None, agent: str | None, offset: int, limit: int
     ) -> list[dict[str, Any]]:
-        """A filtered, paged list of conversations as JSON-ready dicts."""
-        convs = await self.store.list(status=status, agent=agent, offset=offset, limit=limit)
+        """A filtered, paged list of conversations as JSON-ready dicts.
+
+        ``status`` is matched case-insensitively; an unknown one raises ``QueryError``.
+        """
+        wanted = None if status is None else _status_filter(status)
+        with _store_answers():
+            convs = await self.store.list(status=wanted, agent=agent, offset=offset,
+                                          limit=limit)
         return [conversation_to_dict(c) for c in convs]
 
     async def conversation(self, request_id: str) -> dict[str, Any] | None:
         """One conversation with its whole history, or None."""
-        conv = await self.store.get(request_id, with_history=True)
+        with _store_answers():
+            conv = await self.store.get(request_id, with_history=True)
         return None if conv is None else conversation_to_dict(conv)
 
+    async def check_health(self) -> dict[str, Any]:
+        """``health()`` after a fresh, time-bounded check of the store and the outbox."""
+        if self._probe is not None and self._started.is_set():
+            await self._probe.check()
+        return self.health()
+
+    def _store_part(self) -> Part:
+        """The state store's part: the newer of the health check's and the sweeper's view.
+
+        The sweeper touches Redis every few seconds, so between health checks its last
+        run still tells whether the store answers.
+        """
+        report = self._sweeper.last_report if self._sweeper else None
+        checked = self._probe.last if self._probe else None
+        if checked is not None and (
+            report is None or time.time() - report.at >= time.monotonic() - checked.at
+        ):
+            return checked.store
+        if report is None:
+            return Part("state_store", True, "unknown")
+        if report.error:
+            return Part("state_store", False, f"unreachable: {report.error}")
+        return Part("state_store", True, "ok")
+
+    def health_parts(self) -> list[Part]:
+        """Everything the gateway needs, each ok or failing with why (``/healthz``).
+
+        A required transport (every enabled one unless its table says ``required =
+        false``) fails while it is down or still starting; a stalled outbox fails when its
+        oldest undelivered message is older than ``[outbox] stall_seconds``.
+        """
+        parts = [Part("gateway", self._started.is_set(),
+                      "running" if self._started.is_set() else "not started")]
+        parts.append(self._store_part())
+        required = set(self.config.required_transports())
+        for name, adapter in self.adapters.items():
+            health = adapter.health()
+            need = name in required
+            ok = not need or health.state not in (HealthState.DOWN, HealthState.STARTING)
+            detail = f"{health.state}: {health.detail}" if health.detail else str(health.state)
+            parts.append(Part(f"transport {name}", ok, detail + ("" if need else
+                                                                  " (not required)")))
+        checked = self._probe.last if self._probe else None
+        parts.append(checked.outbox if checked else Part("outbox", True, "not checked yet"))
+        return parts
+
     def health(self) -> dict[str, Any]:
-        """Per-transport state, sweeper state and counters."""
+        """Every part's state (``parts``, ``failing``), transports, sweeper and counters."""
+        parts = self.health_parts()
+        failing = [p.name for p in parts if not p.ok]
         transports = {
             name: {"state": str(a.health().state), "detail": a.health().detail, **a.stats()}
             for name, a in self.adapters.items()
         }
         report = self._sweeper.last_report if self._sweeper else None
-        # The sweeper touches Redis every few seconds: its last run tells whether the
-        # state store answers, without a round trip on every health check.
-        if report is None:
-            store = "unknown"
-        elif report.error:
-            store = f"unreachable: {report.error}"
-        else:
-            store = "ok"
-        states = [a.health().state for a in self.adapters.values()]
-        ok = (
-            self._started.is_set()
-            and all(s in (HealthState.UP, HealthState.STANDBY) for s in states)
-            and not store.startswith("unreachable")
-        )
+        store = next(p for p in parts if p.name == "state_store")
         dispatcher = self._dispatcher
         outbox = {
             "dispatching_here": dispatcher is not None and dispatcher.holding,
@@ -335,8 +405,10 @@ class Gateway:
             "blocked": dict(self._outbox.blocked) if self._outbox else {},
         }
         return {
-            "status": "ok" if ok else "degraded",
-            "state_store": store,
+            "status": "degraded" if failing else "ok",
+            "failing": failing,
+            "parts": [p.to_dict() for p in parts],
+            "state_store": store.detail,
             "transports": transports,
             "outbox": outbox,
             "last_sweep": None if report is None else dataclasses.asdict(report),

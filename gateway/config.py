@@ -162,6 +162,8 @@ class OutboxSection(_Section):
     batch: int = Field(default=256, ge=1, le=10_000)
     # How long the gateway recognises its own posts when a platform shows them back.
     echo_ttl_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+    # /healthz fails (outbox stalled) when the oldest undelivered message is older.
+    stall_seconds: float = Field(default=60.0, gt=0, le=86400)
 
 
 class PermissionsSection(_Section):
@@ -278,12 +280,23 @@ class GatewayConfig(_Section):
         return str(self.transports[name].get("kind", name))
 
     def transport_options(self, name: str) -> dict[str, Any]:
-        """A transport's options without ``kind``/``enabled``."""
-        return {k: v for k, v in self.transports[name].items() if k not in ("kind", "enabled")}
+        """A transport's options without ``kind``/``enabled``/``required``."""
+        return {
+            k: v
+            for k, v in self.transports[name].items()
+            if k not in ("kind", "enabled", "required")
+        }
 
     def enabled_transports(self) -> list[str]:
         """Names of transports whose ``enabled`` is not false."""
         return [n for n, t in self.transports.items() if t.get("enabled", True) is not False]
+
+    def required_transports(self) -> list[str]:
+        """Enabled transports ``/healthz`` needs up: all but those with ``required = false``."""
+        return [
+            n for n in self.enabled_transports() if self.transports[n].get("required", True)
+            is not False
+        ]
 
 
 def parse_address(text: str) -> Address:

@@ -11,6 +11,9 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from state.settings import StateSettings
 
@@ -206,6 +209,10 @@ async def open_redis(settings: StateSettings) -> RedisHandle:
         decode_responses=True,
         max_connections=POOL_MAX_CONNECTIONS,
         timeout=POOL_WAIT_SECONDS,
+        # After a server restart every pooled connection is dead: a command that finds
+        # its connection closed is sent once more on a fresh one instead of failing.
+        # Timeouts are not retried (the command may have run; the caller decides).
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
     if pool.connection_class is aioredis.Connection:  # plain TCP, not TLS or a unix socket
         pool.connection_class = _Connection

@@ -9,21 +9,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
-from adapters.base import OutboundKind
+from adapters.base import HealthState, OutboundKind
 from adapters.http import HttpAdapter
 from gateway.app import Gateway
 from protocol import build_request, render
+from state.leases import Lease
 
 from gwkit import make_config, memory, running, sent_to
-from servers import free_port
+from servers import PrivateValkey, free_port
 
 TOKENS = {"dave": "tok-dave-123", "erin": "tok-erin-456"}
 
@@ -168,3 +172,147 @@ async def test_malformed_requests_log_one_json_line_each(
     assert any("Content-Length" in r["msg"] for r in refused), refused
     for line in out.decode().splitlines():
         assert line.startswith(BANNER) or line == "bpgw: shutting down", line
+
+
+# -- errors are the documented 4xx/503, never 500 (item 13) ----------------------------
+
+
+async def test_deeply_nested_json_is_400(gw: Gateway) -> None:
+    deep = "[" * 1000 + "]" * 1000
+    inner = '{"text": ' + "[" * 500 + "]" * 500 + "}"
+    async with aiohttp.ClientSession() as http:
+        for path in ("/v1/messages", "/v1/commands"):
+            for body in (deep, inner):
+                async with http.post(f"{url(gw)}{path}", data=body, headers={
+                        **auth("dave"), "Content-Type": "application/json"}) as r:
+                    assert r.status == 400, (path, await r.text())
+                    assert (await r.json())["error"]["code"] == "bad_request"
+
+
+async def test_conversation_status_filter_is_checked(gw: Gateway) -> None:
+    req = build_request(sender="dave", to="Mantis", task="t")
+    async with aiohttp.ClientSession() as http:
+        assert (await post(http, gw, "dave", render(req)))[0] == 200
+        async with http.get(f"{url(gw)}/v1/conversations?status=bogus", headers=auth("dave")) as r:
+            assert r.status == 400
+            assert "unknown status 'bogus'" in (await r.json())["error"]["message"]
+        for spelling in ("OPEN", "open", " Open"):
+            async with http.get(f"{url(gw)}/v1/conversations", params={"status": spelling},
+                                headers=auth("dave")) as r:
+                assert r.status == 200
+                found = [c["request_id"] for c in (await r.json())["conversations"]]
+                assert found == [req.request_id]
+
+
+async def _status_of(http: aiohttp.ClientSession, address: str, **kw: Any
+                     ) -> tuple[int, dict[str, Any], str | None]:
+    async with http.get(address, **kw) as r:
+        return r.status, await r.json(), r.headers.get("Retry-After")
+
+
+async def _healthz_until(http: aiohttp.ClientSession, gw: Gateway, wanted: int
+                         ) -> tuple[dict[str, Any], str | None]:
+    """Poll /healthz until it answers ``wanted`` (a result is reused for up to 1 s)."""
+    async with asyncio.timeout(10):
+        while True:
+            status, health, retry = await _status_of(http, f"{url(gw)}/healthz")
+            if status == wanted:
+                return health, retry
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def valkey() -> AsyncIterator[PrivateValkey]:
+    """A Redis of this test's own, to stop or freeze."""
+    server = PrivateValkey().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def test_store_down_reads_are_503_with_retry_after(
+    valkey: PrivateValkey, namespace: str, tmp_path: Path
+) -> None:
+    async with running(edge_config(valkey.url, namespace, tmp_path)) as gw, \
+            aiohttp.ClientSession() as http:
+        status, health, _ = await _status_of(http, f"{url(gw)}/healthz")
+        assert status == 200 and health["failing"] == [], health
+        valkey.stop()
+        reads = ("/v1/conversations", "/v1/conversations?agent=dave", "/v1/conversations/r-1",
+                 "/v1/agents/dave/inbox")
+        for path in reads:
+            status, body, retry = await _status_of(http, f"{url(gw)}{path}", headers=auth("dave"))
+            assert (status, body["error"]["code"], retry) == (503, "unavailable", "1"), path
+        health, retry = await _healthz_until(http, gw, 503)
+        assert (retry, health["failing"]) == ("1", ["state_store"]), health
+        [store] = [p for p in health["parts"] if p["name"] == "state_store"]
+        assert not store["ok"] and "unreachable" in store["detail"]
+        async with http.post(f"{url(gw)}/v1/messages", headers=auth("dave"), json={
+                "text": render(build_request(sender="dave", to="Mantis", task="t"))}) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+        valkey.start()
+        await _healthz_until(http, gw, 200)  # back by itself
+        status, body, _ = await _status_of(http, f"{url(gw)}/v1/conversations",
+                                           headers=auth("dave"))
+        assert status == 200, body
+
+
+async def _pid_of(redis_url: str) -> int:
+    client: aioredis.Redis = aioredis.from_url(redis_url)
+    try:
+        return int((await client.info("server"))["process_id"])
+    finally:
+        await client.aclose()
+
+
+async def test_healthz_turns_503_soon_after_the_store_freezes(
+    valkey: PrivateValkey, namespace: str, tmp_path: Path
+) -> None:
+    pid = await _pid_of(valkey.url)
+    async with running(edge_config(valkey.url, namespace, tmp_path)) as gw:
+        async with aiohttp.ClientSession() as http:
+            assert (await _status_of(http, f"{url(gw)}/healthz"))[0] == 200
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                frozen = time.monotonic()
+                while True:
+                    status, health, retry = await _status_of(http, f"{url(gw)}/healthz")
+                    if status == 503:
+                        break
+                    await asyncio.sleep(0.1)
+                waited = time.monotonic() - frozen
+                # The check times out after 1 s and a result is reused for 1 s at most.
+                assert waited < 4, waited
+                assert health["failing"] == ["state_store"] and retry == "1", health
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await _healthz_until(http, gw, 200)
+
+
+async def test_healthz_names_a_down_transport_and_a_stalled_outbox(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    config = edge_config(redis_url, namespace, tmp_path)
+    config = config.model_copy(update={
+        "outbox": config.outbox.model_copy(update={"stall_seconds": 0.5}),
+        "transports": {**config.transports, "chat": {"kind": "memory", "required": False}},
+    })
+    # A replica that holds the dispatch lease and then hangs: nothing is delivered.
+    hung = Lease(redis_client, namespace, "outbox", "hung-replica", 60)
+    assert await hung.acquire()
+    async with running(config) as gw, aiohttp.ClientSession() as http:
+        health = (await _status_of(http, f"{url(gw)}/healthz"))[1]
+        assert health["failing"] == [], health
+        memory(gw, "side").set_health(HealthState.DOWN, "lost its connection")
+        memory(gw, "chat").set_health(HealthState.DOWN, "not needed")  # required = false
+        req = build_request(sender="dave", to="Mantis", task="t")
+        assert (await post(http, gw, "dave", render(req)))[0] == 200
+        await asyncio.sleep(1.2)  # older than stall_seconds, and the cached check expired
+        status, health, retry = await _status_of(http, f"{url(gw)}/healthz")
+        assert (status, retry) == (503, "1")
+        assert health["failing"] == ["transport side", "outbox"], health
+        parts = {p["name"]: p for p in health["parts"]}
+        assert "lost its connection" in parts["transport side"]["detail"]
+        assert parts["transport chat"]["ok"] and "not required" in parts["transport chat"]["detail"]
+        assert "oldest undelivered message" in parts["outbox"]["detail"]

@@ -43,7 +43,7 @@ class RecordingSink:
         self.commands: list[CommandRequest] = []
         self.disposition = Disposition("accepted", request_ids=("req-1",))
         self.listed: list[dict[str, Any]] = []
-        self.health_report: dict[str, Any] = {"state": "up", "transports": {"api": "up"}}
+        self.health_report: dict[str, Any] = {"status": "ok", "transports": {"api": "up"}}
 
     async def on_envelope(self, envelope: Envelope) -> Disposition:
         self.envelopes.append(envelope)
@@ -65,6 +65,9 @@ class RecordingSink:
         return {"request_id": request_id, "history": []} if request_id == "req-1" else None
 
     def health(self) -> dict[str, Any]:
+        return self.health_report
+
+    async def check_health(self) -> dict[str, Any]:
         return self.health_report
 
     async def drain(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
@@ -321,15 +324,18 @@ async def test_unknown_route_and_method(adapter: HttpAdapter, api: Api) -> None:
         assert (await resp.json())["error"]["code"] == "method_not_allowed"
 
 
-async def test_sink_failure_is_json_500(
+async def test_sink_failure_is_a_logged_503_never_500(
     adapter: HttpAdapter, sink: RecordingSink, api: Api
 ) -> None:
     async def broken(envelope: Envelope) -> Disposition:
         raise RuntimeError("bug")
 
     sink.on_envelope = broken  # type: ignore[method-assign]
-    status, body = await api.post("/v1/messages", ALICE, json={"text": "x"})
-    assert_error(status, body, 500, "internal_error")
+    async with api.session.post(f"{api.base}/v1/messages", json={"text": "x"},
+                                headers=auth(ALICE)) as resp:
+        body = await resp.json()
+        assert resp.headers["Retry-After"] == "1"
+    assert_error(resp.status, body, 503, "unavailable")
     assert "bug" not in body["error"]["message"]
 
 
@@ -622,7 +628,7 @@ async def test_one_conversation_and_404(adapter: HttpAdapter, api: Api) -> None:
 
 async def test_healthz_needs_no_token(adapter: HttpAdapter, api: Api) -> None:
     status, body = await api.get("/healthz")
-    assert status == 200 and body["state"] == "up"
+    assert status == 200 and body["status"] == "ok"
     assert adapter.health().state is HealthState.UP
 
 
@@ -630,8 +636,10 @@ async def test_healthz_is_503_while_the_gateway_is_degraded(
     adapter: HttpAdapter, sink: RecordingSink, api: Api
 ) -> None:
     sink.health_report = {"status": "degraded", "state_store": "unreachable: refused"}
-    status, body = await api.get("/healthz")
-    assert status == 503 and body["state_store"].startswith("unreachable")
+    async with api.session.get(f"{api.base}/healthz") as resp:
+        body = await resp.json()
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+    assert body["state_store"].startswith("unreachable")
 
 
 # -- lifecycle -----------------------------------------------------------------------

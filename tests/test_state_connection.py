@@ -11,9 +11,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from test_state_helpers import ORIGIN, T0, request
 
 from state import connection as conn
+from state.records import Outcome
 from state.settings import StateSettings
+from state.store import ConversationStore
+
+from servers import PrivateValkey
 
 Client = Callable[..., aioredis.Redis]
 
@@ -132,3 +137,35 @@ async def test_unreadable_port_file_starts_a_fresh_server(tmp_path: Path) -> Non
         assert port_file.read_text().strip().isdigit()
     finally:
         await handle.close()
+
+
+async def test_after_a_server_restart_stale_connections_are_retried_once(
+        namespace: str) -> None:
+    server = PrivateValkey().start()
+    try:
+        settings = StateSettings(redis_url=server.url, namespace=namespace)
+        handle = await conn.open_redis(settings)
+        client = handle.client
+        try:
+            store = ConversationStore(client, settings)
+            await store.apply(request("before"), ORIGIN, now=T0)
+            # Fill the pool with idle connections, then restart the server under them.
+            await asyncio.gather(*(client.blpop([f"warm:{i}"], timeout=0.05) for i in range(8)))
+            assert len(client.connection_pool._available_connections) == 8
+            server.stop()
+            server.start()
+            # Every call finds a dead connection and succeeds on a fresh one: plain
+            # commands, a pipeline, and a store script (loaded again after the restart).
+            replies = await asyncio.gather(*(client.set(f"{namespace}:k{i}", i)
+                                             for i in range(6)))
+            assert replies == [True] * 6
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.incr(f"{namespace}:n")
+                pipe.get(f"{namespace}:k0")
+                assert await pipe.execute() == [1, "0"]
+            applied = await store.apply(request("after"), ORIGIN, now=T0)
+            assert applied.outcome is Outcome.APPLIED
+        finally:
+            await handle.close()
+    finally:
+        server.close()

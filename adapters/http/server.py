@@ -32,6 +32,7 @@ from adapters.http.auth import Caller, TokenAuth
 from adapters.http.inbox import ACK_ID, Inboxes, InboxFull, InboxMessage
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
+    RETRY_AFTER_SECONDS,
     AckBody,
     ApiError,
     CommandBody,
@@ -275,7 +276,7 @@ class HttpAdapter(Adapter):
         headers = {}
         if disposition.outcome in FAILED_OUTCOMES:
             status = 503
-            headers["Retry-After"] = "1"
+            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         elif disposition.outcome in REFUSED_OUTCOMES:
             status = 422
         else:
@@ -358,7 +359,9 @@ class HttpAdapter(Adapter):
         return web.json_response(found)
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        health = self.sink.health()
-        # 503 while the gateway reports itself degraded, so a load balancer can act on it.
-        status = 503 if health.get("status") == "degraded" else 200
-        return web.json_response(health, status=status)
+        health = await self.sink.check_health()
+        # 503 while any part fails, so a load balancer can act on it.
+        if health.get("status") == "ok":
+            return web.json_response(health)
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        return web.json_response(health, status=503, headers=headers)

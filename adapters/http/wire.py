@@ -2,8 +2,9 @@
 
 Every error leaves the server as ``{"error": {"code": "...", "message": "..."}}``:
 ``ApiError`` for the errors handlers raise, aiohttp's ``HTTPException`` (unknown route,
-wrong method, oversize body) translated by ``json_errors``, and any unexpected
-exception as a logged 500.
+wrong method, oversize body) translated by ``json_errors``, the gateway's ``QueryError``
+as 400 and ``Unavailable`` (or the inboxes' Redis failing) as 503 with ``Retry-After``.
+Never a 500: an unexpected exception is logged and answered 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from redis.exceptions import RedisError
 
+from adapters.base import QueryError, Unavailable
 from adapters.options import describe_validation_error
 
 log = logging.getLogger("bpgw.adapters.http")
@@ -33,8 +36,10 @@ ERROR_CODES: Mapping[int, str] = {
     405: "method_not_allowed",
     413: "payload_too_large",
     415: "unsupported_media_type",
-    500: "internal_error",
+    503: "unavailable",
 }
+RETRY_AFTER_SECONDS = 1
+"""``Retry-After`` of a 503: the gateway cannot answer now, try again shortly."""
 
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain"
@@ -62,23 +67,39 @@ def error_response(
     )
 
 
+def unavailable(message: str, retry_after: float = RETRY_AFTER_SECONDS) -> web.Response:
+    """A 503 answer with ``Retry-After`` (whole seconds, at least 1)."""
+    seconds = str(max(1, math.ceil(retry_after)))
+    return error_response(503, message, headers={"Retry-After": seconds})
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every error into the JSON error shape; an unexpected exception is a logged 500."""
+    """Turn every error into the JSON error shape: a documented 4xx, or 503 with
+    ``Retry-After`` (an unexpected exception is logged and answered 503, never 500)."""
     try:
         return await handler(request)
     except ApiError as exc:
         return error_response(exc.status, exc.message, headers=exc.headers)
+    except QueryError as exc:
+        return error_response(400, str(exc))
+    except Unavailable as exc:
+        return unavailable(str(exc), exc.retry_after)
+    except RedisError as exc:  # the inboxes' own Redis calls
+        log.warning("state store unavailable for %s %s: %s", request.method, request.path, exc)
+        return unavailable(f"the state store cannot answer now ({exc}); retry")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        if exc.status >= 500:
+            return unavailable(exc.text or exc.reason)
         return error_response(exc.status, exc.text or exc.reason, headers=headers)
     except ConnectionError:
         raise  # the client went away; aiohttp handles that
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
-        return error_response(500, "unexpected server error; see the gateway log")
+        return unavailable("unexpected server error; see the gateway log; retry")
 
 
 async def read_body(request: web.Request, max_bytes: int) -> Any:
@@ -107,6 +128,8 @@ async def read_body(request: web.Request, max_bytes: int) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "body is not valid JSON: nested too deeply") from None
 
 
 def parse_as(model: type[ModelT], data: Any) -> ModelT:
