@@ -1,0 +1,91 @@
+"""Contract harness of the ``discord`` transport: the real discord.py client against the
+emulator in tests/discord_emulator.py; ``Peer`` is the emulator's ``peer`` bot."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+
+from adapters.base import HealthState
+from gateway.app import Gateway
+
+from contract_harness import TRANSPORT, Harness, Posted, register_harness
+from discord_emulator import TOKEN, DiscordEmulator
+
+RETRY_AFTER = 45.0  # over max_ratelimit_seconds: discord.py hands it to us
+
+
+def discord_options(emulator: DiscordEmulator, **extra: Any) -> dict[str, Any]:
+    """Options of a discord transport talking to ``emulator``."""
+    return {
+        "token": TOKEN,
+        "api_base_url": emulator.api_base_url,
+        "gateway_url": emulator.gateway_url,
+        "guilds": [emulator.guild_id],
+        "guild_ready_timeout_seconds": 0.1,
+        "ready_timeout_seconds": 10,
+        **extra,
+    }
+
+
+async def wait_up(gateway: Gateway, name: str = TRANSPORT) -> None:
+    """Until the lease-run transport ``name`` is up (the lease keeper starts it)."""
+    adapter = gateway.adapters[name]
+    for _ in range(500):  # the lease keeper polls every fifth of lease_seconds
+        if adapter.health().state is HealthState.UP:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"transport {name} not up: {adapter.health()}")
+
+
+class DiscordHarness:
+    """Drives the emulated guild's ``general`` channel."""
+
+    kind = "discord"
+    max_length = 2000
+    echoes_own_posts = True
+
+    def __init__(self, emulator: DiscordEmulator) -> None:
+        self.emulator = emulator
+        self.channel = str(emulator.channels["general"])
+        self.peer = emulator.uid("peer")
+
+    def options(self) -> dict[str, Any]:
+        return discord_options(self.emulator)
+
+    def peer_agent(self) -> dict[str, Any]:
+        return {"addresses": [f"{TRANSPORT}:{self.channel}"],
+                "identities": [f"{TRANSPORT}:{self.peer}"]}
+
+    async def connected(self, gateway: Gateway) -> None:
+        await wait_up(gateway)
+
+    async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
+        await self.emulator.post("peer", text, files=files)
+
+    async def posted(self) -> list[Posted]:
+        out = []
+        async with aiohttp.ClientSession() as http:
+            for message in self.emulator.by_bot(int(self.channel)):
+                files = []
+                for attachment in message["attachments"]:
+                    async with http.get(attachment["url"]) as resp:
+                        files.append((attachment["filename"], await resp.text()))
+                out.append(Posted(message["content"], tuple(files)))
+        return out
+
+    async def block(self, gateway: Gateway) -> tuple[str, float]:
+        self.emulator.rate_limit(int(self.channel), RETRY_AFTER)
+        return "rate_limited", RETRY_AFTER
+
+
+@register_harness("discord")
+@asynccontextmanager
+async def discord_harness() -> AsyncIterator[Harness]:
+    """The emulator on 127.0.0.1 for one test."""
+    async with DiscordEmulator() as emulator:
+        yield DiscordHarness(emulator)
