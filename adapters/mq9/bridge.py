@@ -47,7 +47,6 @@ from adapters.base import (
     Probe,
     Receipt,
 )
-from adapters.options import load_options
 from adapters.mq9.acking import ack_plan
 from adapters.mq9.client import (
     MESSAGE_ID_HEADER,
@@ -61,6 +60,7 @@ from adapters.mq9.embedded import EmbeddedNats, nats_server_binary, start_embedd
 from adapters.mq9.names import address_problem
 from adapters.mq9.service import Mq9Service, start_service, stop_service
 from adapters.mq9.settings import BridgeSettings
+from adapters.options import load_options
 from protocol import Priority, parse
 
 log = logging.getLogger("bpgw.adapters.mq9")
