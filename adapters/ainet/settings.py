@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.ainet.names import UnsafeNameError, check_agent_id, check_component
+from adapters.ainet.names import UnsafeNameError, canonical, check_agent_id, check_component
+from protocol.names import check_name
 
 
 class AinetSettings(BaseModel):
@@ -17,12 +18,22 @@ class AinetSettings(BaseModel):
 
     # The shared AINET folder (the sync service's local copy).
     workspace: Path
+    # Create the workspace folder when it is missing (off by default: an unmounted sync
+    # folder must not silently become an empty local one).
+    create_workspace: bool = False
     # A fixed agent id; when unset one is generated once and kept in ``id_file``.
     agent_id: str | None = None
     # The name part of a generated id (``Device-<host+4>/<agent_name>``).
     agent_name: str = "bpgw"
     # Local bridge state (generated id, session spool, turn locks); never the workspace.
     state_dir: Path = Path(".bpgw/ainet")
+    # The agent a plain AINET PRIVATE (or TASK) message goes to when its content does not
+    # start with @Name. Unset: such a message gets an error reply naming the fix.
+    default_recipient: str | None = None
+    # AINET agent ids this transport speaks for, each with its bot-protocol name ("" = the
+    # id itself): identity ``<transport>:<id>`` is that agent's from the start, whatever
+    # the identity policy, and its address is ``<transport>:<id>``.
+    agents: dict[str, str] = Field(default_factory=dict)
     # "watch": inotify events plus polling as a safety net; "poll": polling only.
     discovery: Literal["watch", "poll"] = "watch"
     poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=3600, allow_inf_nan=False)
@@ -41,6 +52,12 @@ class AinetSettings(BaseModel):
     # per poll, so a poll's cost does not grow with old conversations.
     hot_seconds: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
     cold_checks_per_poll: int = Field(default=64, ge=1, le=100_000)
+    # Conversations whose AINET folder is remembered (task folder <-> RequestId), and
+    # delivered messages remembered so a re-sent delivery writes nothing twice.
+    conversation_record_max: int = Field(default=100_000, ge=100, le=10_000_000)
+    delivery_record_max: int = Field(default=200_000, ge=100, le=10_000_000)
+    # Inbound files handed to the gateway at once (different conversations only).
+    ingest_concurrency: int = Field(default=32, ge=1, le=1024)
 
     @field_validator("agent_id")
     @classmethod
@@ -59,3 +76,26 @@ class AinetSettings(BaseModel):
             return check_component(value, "agent_name", max_bytes=64)
         except UnsafeNameError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("default_recipient")
+    @classmethod
+    def _recipient(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value.removeprefix("@"))
+
+    @field_validator("agents")
+    @classmethod
+    def _agents(cls, value: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        seen: set[str] = set()
+        for agent_id, name in value.items():
+            try:
+                key = check_agent_id(agent_id)
+            except UnsafeNameError as exc:
+                raise ValueError(str(exc)) from None
+            if "#" in key:
+                raise ValueError(f"agent id {key!r}: '#' can't appear in an address")
+            if canonical(key) in seen:
+                raise ValueError(f"agent id {key!r} is listed twice")
+            seen.add(canonical(key))
+            out[key] = check_name(name) if name else key
+        return out

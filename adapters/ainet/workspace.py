@@ -59,6 +59,9 @@ TURN_NAME = re.compile(r"(\d{1,9})-.+\.txt")
 DEFAULT_MAX_TURNS = 99_999
 LOCK_STRIPES = 64
 VERIFIED_MAX = 4096
+# Spool file tails: plain, or carrying the message's conversation folder key.
+SPOOL_PLAIN = "spooled.txt"
+SPOOL_TASK = "task-"
 # Rescan the folder after this many taken names in a row (a crowd of racing writers).
 _RESCAN_AFTER = 16
 
@@ -119,6 +122,11 @@ def highest_turn(folder: Path, limit: int) -> int:
     return best
 
 
+def _slot_file(sender_part: str, to: str, kind: SlotKind) -> str:
+    target = to if to in ("BROADCAST", "TASK") else file_part(to)
+    return f"{sender_part}_to_{target}_{kind.value}.txt"
+
+
 def _turn_names(folder: Path, tail: str, limit: int) -> Iterator[str]:
     """Candidate names ``NNN-tail`` from the next free number on, rescanning in a crowd."""
     number = highest_turn(folder, limit) + 1
@@ -145,6 +153,8 @@ class Workspace:
         # Local (not synced) bridge state: the session spool and the turn locks.
         self.spool_dir = state_dir / "spool"
         self.lock_dir = state_dir / "locks"
+        # Which conversation folder each occupied session slot's message is also in.
+        self.slot_dir = state_dir / "slots"
         # flock excludes other processes; threads of this one share the descriptor, so
         # a thread lock per stripe excludes them.
         self._thread_locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
@@ -207,25 +217,43 @@ class Workspace:
 
     def slot_name(self, msg: AinetMessage, kind: SlotKind) -> str:
         """``<from>_to_<to>_<kind>.txt`` by AINET's naming rule (``/`` -> ``-``)."""
-        to = msg.to if msg.to in ("BROADCAST", "TASK") else file_part(msg.to)
-        return f"{file_part(msg.sender)}_to_{to}_{kind.value}.txt"
+        return _slot_file(file_part(msg.sender), msg.to, kind)
 
-    def post_session(self, msg: AinetMessage, kind: SlotKind) -> Written | None:
+    def own_slot(self, to: str, kind: SlotKind) -> AinetMessage | None:
+        """The bridge's own message in its ``<me>_to_<to>_<kind>.txt`` slot, if any."""
+        path = inside(self.session, _slot_file(self.me, to, kind))
+        found = parse(read_bounded(path, self.max_message_bytes) or b"",
+                      max_bytes=self.max_message_bytes)
+        return found if isinstance(found, AinetMessage) and found.is_from(self.agent_id) else None
+
+    def spooled(self) -> int:
+        """Session files waiting in the spool for their slot to free."""
+        if not self.spool_dir.is_dir():
+            return 0
+        return sum(len(os.listdir(self.spool_dir / slot)) for slot in os.listdir(self.spool_dir))
+
+    def post_session(self, msg: AinetMessage, kind: SlotKind, *,
+                     task: str | None = None) -> Written | None:
         """Write ``msg`` as its single-exchange file, or spool it (None) when the slot is busy.
 
-        Raises ``LayoutError`` when that slot's spool is full (the caller reports it).
+        ``task`` names the conversation folder (``tasks/task-<task>/``) holding the same
+        message: an answer there frees the slot too. Raises ``LayoutError`` when that
+        slot's spool is full (the caller reports it).
         """
         data = self._encode(msg)
         name = self.slot_name(msg, kind)
         spool = inside(self.spool_dir, name)
+        if task is not None:
+            check_request_id(task)
         if not (spool.is_dir() and any(os.scandir(spool))):
-            placed = self._place(name, data)
+            placed = self._place(name, data, task)
             if placed is not None:
                 return placed
         ensure_folder(spool)
         if len(os.listdir(spool)) >= self.max_spool:
             raise LayoutError(f"session slot {name} has {self.max_spool} messages waiting")
-        if create_first_free(spool, data, _turn_names(spool, "spooled.txt", 10**9)) is None:
+        tail = SPOOL_PLAIN if task is None else f"{SPOOL_TASK}{task}.txt"
+        if create_first_free(spool, data, _turn_names(spool, tail, 10**9)) is None:
             raise LayoutError(f"session slot {name}: spool numbering exhausted")
         return None
 
@@ -239,28 +267,68 @@ class Workspace:
             waiting = sorted(os.listdir(folder), key=lambda n: turn_number(n) or 0)
             for name in waiting:
                 data = read_bounded(folder / name, self.max_message_bytes) or b""
-                done = self._place(slot, data)
+                tail = name.partition("-")[2]
+                task = tail[len(SPOOL_TASK):-4] if tail.startswith(SPOOL_TASK) else None
+                done = self._place(slot, data, task)
                 if done is None:
                     break
                 (folder / name).unlink()
                 placed.append(done)
         return placed
 
-    def _place(self, name: str, data: bytes) -> Written | None:
+    def _place(self, name: str, data: bytes, task: str | None) -> Written | None:
         """Put ``data`` in slot ``name`` if it is free or holds our own answered file."""
         path = inside(self.session, name)
         if create_exclusive(path, data):
+            self._note_slot_task(name, task)
             return self._written(path, data)
         if not self._slot_consumed(path):
             return None
+        self._note_slot_task(name, task)
         write_atomic(path, data)
         return self._written(path, data)
+
+    def _note_slot_task(self, name: str, task: str | None) -> None:
+        """Remember (locally) which conversation folder the slot's message is also in."""
+        ensure_folder(self.slot_dir)
+        marker = inside(self.slot_dir, name)
+        if task is None:
+            marker.unlink(missing_ok=True)
+        else:
+            write_atomic(marker, task.encode())
+
+    def _answered_in_task(self, name: str, peer: str | None, since: int) -> bool:
+        """True when the slot's conversation folder is DONE or has a newer turn from the
+        addressed agent (anyone's, for a broadcast)."""
+        raw = read_bounded(inside(self.slot_dir, name), 256)
+        if not raw:
+            return False
+        try:
+            folder = self.task_folder(raw.decode())
+        except (UnicodeDecodeError, ValueError):
+            return False
+        if (read_bounded(folder / STATUS_FILE, 16) or b"").strip() == b"DONE":
+            return True
+        try:
+            entries = os.scandir(folder / CONVERSATION)
+        except OSError:
+            return False
+        with entries:
+            for entry in entries:
+                number = turn_number(entry.name)
+                author = entry.name.partition("-")[2][:-4]
+                if (number is not None and author != self.me
+                        and (peer is None or author == peer)
+                        and entry.stat(follow_symlinks=False).st_mtime_ns > since):
+                    return True
+        return False
 
     def _slot_consumed(self, path: Path) -> bool:
         """True when ``path`` is our own message and the exchange has moved on since.
 
         Moved on: the addressed agent wrote a file to us after it (for a broadcast, anyone
-        did), or ``status.txt`` went back to IDLE after it (the requester read the reply).
+        did), or a turn in the message's conversation folder after it (or that folder is
+        DONE), or ``status.txt`` went back to IDLE after it (the requester read the reply).
         """
         occupant = parse(read_bounded(path, self.max_message_bytes) or b"",
                          max_bytes=self.max_message_bytes)
@@ -272,6 +340,8 @@ class Workspace:
                 and status.stat(follow_symlinks=False).st_mtime_ns > since):
             return True
         peer = None if occupant.to in ("BROADCAST", "TASK") else file_part(occupant.to)
+        if self._answered_in_task(path.name, peer, since):
+            return True
         suffix = f"_to_{self.me}_"
         with os.scandir(self.session) as entries:
             for entry in entries:

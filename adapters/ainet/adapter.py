@@ -1,0 +1,630 @@
+"""Transport kind ``ainet``: the gateway as one participant of a shared AINET folder.
+
+``start`` prepares the workspace, posts the join BROADCAST and runs one loop: apply
+watch hints, record the files the bridge wrote, poll the inbox, hand each complete file
+to the gateway (one conversation's files in order, conversations concurrently), move
+spooled session files into freed slots, wait ``poll_interval_seconds`` (or less, when a
+watch event arrives). A file is marked ingested (``Inbox.ack``) only in the envelope's
+``on_commit`` hook, so a restart neither misses nor repeats one; an uncommitted one is
+released and tried again at the next poll.
+
+``send`` writes each outbound message as the next turn of its conversation folder and,
+for an AINET agent (or a BROADCAST), as its ``session/`` file too (see ``outbound``);
+what each outbox message became is recorded (``records``) so a repeated delivery writes
+nothing twice. See docs/ainet.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from adapters.ainet.discovery import Scanner
+from adapters.ainet.fsio import TEMP_PREFIX, TEMP_SUFFIX, read_bounded
+from adapters.ainet.identity import load_or_create_agent_id
+from adapters.ainet.inbox import Arrival, Inbox
+from adapters.ainet.ledger import RedisIngestLedger
+from adapters.ainet.mapping import (
+    ConvView,
+    Refusal,
+    Settled,
+    closes,
+    follow_up,
+    is_join,
+    opening,
+    slot_kind,
+    status_of,
+)
+from adapters.ainet.message import AinetMessage, AinetStatus, AinetType
+from adapters.ainet.names import UnsafeNameError, canonical, check_agent_id, check_request_id
+from adapters.ainet.outbound import Plan, Writer
+from adapters.ainet.records import BridgeRecords
+from adapters.ainet.settings import AinetSettings
+from adapters.ainet.watch import Watcher
+from adapters.ainet.workspace import (
+    LayoutError,
+    SessionState,
+    SlotKind,
+    Workspace,
+    Written,
+    turn_number,
+)
+from adapters.base import (
+    Adapter,
+    Address,
+    Author,
+    Capabilities,
+    ConfigError,
+    DeliveryError,
+    Disposition,
+    Envelope,
+    GatewaySink,
+    HealthState,
+    Outbound,
+    OutboundKind,
+    OwnedName,
+    Probe,
+    Receipt,
+)
+from adapters.http.settings import load_options
+from protocol import Message, MessageBase, name_key, parse, render
+from protocol.ids import slug
+
+log = logging.getLogger("bpgw.adapters.ainet")
+
+# Room left in a file for the header lines around the content.
+_HEADER_ROOM = 1024
+_TURN = re.compile(r"tasks/task-([^/]+)/conversation/[^/]+")
+_FROM = re.compile(r"^\s*FROM\s*[:：]\s*(.+?)\s*$", re.MULTILINE)
+JOIN_TEXT = "AI Agent {id} has joined AINET(AI-Net) collaboration network."
+
+
+def native_id(rel: str, digest: str) -> str:
+    """A file's native id: its workspace path and content hash (a rewrite is a new one)."""
+    return f"{rel}@{digest[:32]}"
+
+
+def task_of(rel: str) -> str | None:
+    """``X`` for a turn file ``tasks/task-X/conversation/...``; None for other paths."""
+    match = _TURN.fullmatch(rel)
+    return match.group(1) if match else None
+
+
+def _order(arrival: Arrival) -> tuple[int, str]:
+    return turn_number(arrival.rel.rpartition("/")[2]) or 0, arrival.rel
+
+
+def _group(rel: str) -> str:
+    """Files of one conversation folder are handled in order; others independently."""
+    task = task_of(rel)
+    return f"task:{task}" if task is not None else rel
+
+
+def _peer(channel: str) -> str | None:
+    """The AINET agent id an address names, or None (a mirror channel)."""
+    try:
+        return check_agent_id(channel)
+    except UnsafeNameError:
+        return None
+
+
+def _now() -> datetime:
+    return datetime.now().replace(microsecond=0)
+
+
+class AinetAdapter(Adapter):
+    """One AINET workspace as a transport (``[transports.NAME] kind = "ainet"``)."""
+
+    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name)
+        self.settings = s = load_options(AinetSettings, name, options)
+        self.capabilities = Capabilities(
+            max_message_length=max(1024, s.max_message_bytes // 4 - _HEADER_ROOM)
+        )
+        self._names = {canonical(agent_id): n for agent_id, n in s.agents.items()}
+        self._redis: Any = None
+        self._namespace = ""
+        self._sink: GatewaySink | None = None
+        self.agent_id: str | None = None
+        self._workspace: Workspace | None = None
+        self._writer: Writer | None = None
+        self._inbox: Inbox | None = None
+        self._records: BridgeRecords | None = None
+        self._watcher: Watcher | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._hints: list[str] = []
+        self._written: list[Written] = []
+        self._spooled = 0
+        self._broadcast_lock = asyncio.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def use_redis(self, redis: Any, namespace: str) -> None:
+        """The ingest record, conversation folders and deliveries live in ``redis``."""
+        self._redis = redis
+        self._namespace = namespace
+
+    @property
+    def workspace(self) -> Workspace:
+        """The workspace (after ``start``)."""
+        if self._workspace is None:
+            raise RuntimeError(f"ainet transport {self.name} is not running")
+        return self._workspace
+
+    async def start(self, sink: GatewaySink) -> None:
+        """Prepare the workspace, join, and begin watching/polling it."""
+        if self._loop_task is not None:
+            raise RuntimeError(f"ainet transport {self.name} is already running")
+        if self._redis is None:
+            raise RuntimeError(f"ainet transport {self.name} needs Redis (use_redis) first")
+        s = self.settings
+        root = s.workspace.expanduser()
+        if s.create_workspace:
+            await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+        if not root.is_dir():
+            self.set_health(HealthState.DOWN, f"workspace {root} is not a folder")
+            raise ConfigError(f"transports.{self.name}.workspace: {root} is not a folder; "
+                              "mount or create it, or set create_workspace = true")
+        agent_id = s.agent_id
+        if agent_id is None:
+            agent_id = await asyncio.to_thread(load_or_create_agent_id,
+                                               s.state_dir / "agent-id", s.agent_name)
+        self.agent_id = agent_id
+        ws = Workspace(root, agent_id, state_dir=s.state_dir, max_turns=s.max_turns,
+                       max_spool=s.max_spool_per_slot, max_message_bytes=s.max_message_bytes)
+        await asyncio.to_thread(ws.prepare)
+        self._workspace, self._writer, self._sink = ws, Writer(ws), sink
+        scanner = Scanner(ws.root, hot_seconds=s.hot_seconds,
+                          cold_per_poll=s.cold_checks_per_poll, max_items=s.max_tracked_items)
+        ledger = RedisIngestLedger(self._redis, self._namespace, self.name,
+                                   max_entries=s.ingest_record_max)
+        self._inbox = Inbox(scanner, agent_id, ledger, grace_seconds=s.grace_period_seconds,
+                            settle_seconds=s.settle_seconds, max_bytes=s.max_message_bytes,
+                            max_pending=s.max_pending_files)
+        self._records = BridgeRecords(self._redis, self._namespace, self.name,
+                                      conversations_max=s.conversation_record_max,
+                                      deliveries_max=s.delivery_record_max)
+        self._written += await asyncio.to_thread(self._join)
+        if s.discovery == "watch":
+            self._watcher = Watcher(ws.root, self._on_paths)
+            self._watcher.start()
+        self._loop_task = asyncio.create_task(self._run(), name=f"ainet:{self.name}")
+        self._set_up()
+        log.info("ainet transport %s: %s in %s", self.name, self.agent_id, ws.root)
+
+    def _join(self) -> list[Written]:
+        """Post the join BROADCAST, unless the bridge's own broadcast is still in its slot
+        (it joined before under the same stable id, or announced something since)."""
+        ws = self.workspace
+        if ws.own_slot("BROADCAST", SlotKind.BROADCAST) is not None:
+            return []
+        join = AinetMessage(ws.agent_id, "BROADCAST", AinetType.BROADCAST, _now(),
+                            JOIN_TEXT.format(id=ws.agent_id))
+        assert self._writer is not None
+        outcome = self._writer.write(Plan((join,), slot=SlotKind.BROADCAST,
+                                          session_state=SessionState.PENDING))
+        return outcome.written
+
+    async def stop(self) -> None:
+        """Stop watching and polling; safe to call twice."""
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._watcher is not None:
+            await self._watcher.stop()
+            self._watcher = None
+        if self._inbox is not None and self._written:
+            with contextlib.suppress(Exception):  # only saves a re-read after restart
+                await self._inbox.note_written(self._flush_written())
+        if self._workspace is not None:
+            self._workspace.close()
+        self.set_health(HealthState.DOWN, "stopped")
+
+    def owned_names(self) -> Sequence[OwnedName]:
+        """Each listed AINET agent: identity and address ``<transport>:<agent id>``."""
+        return [OwnedName(name, f"{self.name}:{agent_id}", Address(self.name, agent_id),
+                          f"transports.{self.name}.agents.{agent_id}")
+                for agent_id, name in self.settings.agents.items()]
+
+    def _set_up(self) -> None:
+        mode = "watching" if self._watcher is not None and self._watcher.active else "polling"
+        pending = self._inbox.pending if self._inbox is not None else 0
+        extra = "".join((f"; {pending} incomplete file(s)" if pending else "",
+                         f"; {self._spooled} session file(s) spooled" if self._spooled else ""))
+        self.set_health(HealthState.UP,
+                        f"{mode} {self.workspace.root} as {self.agent_id}{extra}")
+
+    async def probe(self) -> Sequence[Probe]:
+        """The workspace and the state folder are writable (a probe file written and
+        removed in each); change events are available in watch mode."""
+        s = self.settings
+        root = s.workspace.expanduser()
+        found = [
+            await asyncio.to_thread(_probe_folder, f"transport {self.name}: workspace", root,
+                                    s.create_workspace),
+            await asyncio.to_thread(_probe_folder, f"transport {self.name}: state folder",
+                                    s.state_dir, True),
+        ]
+        if s.discovery == "watch":
+            try:
+                import watchfiles  # noqa: F401
+                found.append(Probe(f"transport {self.name}: change events", True,
+                                   "watchfiles (inotify) plus polling"))
+            except ImportError:
+                found.append(Probe(f"transport {self.name}: change events", False,
+                                   "watchfiles is not installed; the folder would be polled",
+                                   "pip install 'bpgw[ainet]', or set discovery = \"poll\""))
+        return found
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _on_paths(self, paths: Iterable[str]) -> None:
+        """Watcher callback (on the loop): remember the hint and poll soon."""
+        if len(self._hints) < self.settings.max_pending_files:
+            self._hints.extend(paths)
+        self._wake.set()
+
+    def _flush_written(self) -> list[Written]:
+        batch, self._written = self._written, []
+        return batch
+
+    async def _run(self) -> None:
+        interval = self.settings.poll_interval_seconds
+        while True:
+            try:
+                await self.poll_once()
+                self._set_up()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a Redis or disk outage: report it and keep trying
+                log.warning("ainet transport %s: poll failed: %s", self.name, exc)
+                self.set_health(HealthState.DEGRADED, f"poll failed: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            self._wake.clear()
+
+    async def poll_once(self) -> int:
+        """One pass: ingest complete new files, move spooled ones; returns files ingested."""
+        inbox, writer = self._inbox, self._writer
+        if inbox is None or writer is None:
+            raise RuntimeError(f"ainet transport {self.name} is not running")
+        if self._hints:
+            hints, self._hints = self._hints, []
+            inbox.scanner.mark_dirty(hints)
+        if self._written:
+            await inbox.note_written(self._flush_written())
+        arrivals = await inbox.poll()
+        if arrivals:
+            await self._ingest(arrivals)
+        placed, self._spooled = await asyncio.to_thread(_pump, writer)
+        self._written += placed
+        return len(arrivals)
+
+    async def _ingest(self, arrivals: list[Arrival]) -> None:
+        groups: dict[str, list[Arrival]] = {}
+        for arrival in arrivals:
+            groups.setdefault(_group(arrival.rel), []).append(arrival)
+        gate = asyncio.Semaphore(self.settings.ingest_concurrency)
+
+        async def run(items: list[Arrival]) -> None:
+            async with gate:
+                for arrival in sorted(items, key=_order):
+                    await self._ingest_one(arrival)
+
+        await asyncio.gather(*(run(items) for items in groups.values()))
+
+    async def _ingest_one(self, arrival: Arrival) -> None:
+        inbox = self._inbox
+        assert inbox is not None
+        try:
+            await self._handle(arrival)
+        except Exception as exc:
+            log.warning("ainet transport %s: %s not ingested yet: %s", self.name, arrival.rel,
+                        exc, exc_info=not isinstance(exc, OSError))
+            inbox.release([arrival])
+
+    # -- inbound -----------------------------------------------------------------------
+
+    def _for_me(self, msg: AinetMessage) -> bool:
+        return msg.to in ("BROADCAST", "TASK") or canonical(msg.to) == canonical(
+            self.agent_id or "")
+
+    def protocol_name(self, agent_id: str) -> str:
+        """The bot-protocol name of an AINET agent (``agents`` option, else its id)."""
+        return self._names.get(canonical(agent_id), agent_id)
+
+    async def _handle(self, arrival: Arrival) -> None:
+        inbox, records, sink = self._inbox, self._records, self._sink
+        assert inbox is not None and records is not None and sink is not None
+        msg = arrival.message
+        if msg is None:
+            await self._reply_error(arrival, None, f"it is not an AINET message ({arrival.error})")
+            await inbox.ack([arrival])
+            return
+        if not self._for_me(msg):
+            await inbox.ack([arrival])  # between other agents: not the bridge's business
+            return
+        sender = self.protocol_name(msg.sender)
+        await records.note_peers([(sender, msg.sender)])
+        if "#" in msg.sender:
+            await self._reply_error(arrival, msg, "agent ids containing '#' can't be given an "
+                                    "address in the gateway; use another id")
+            await inbox.ack([arrival])
+            return
+        if is_join(msg) and task_of(arrival.rel) is None:
+            await inbox.ack([arrival])  # presence only: see docs/ainet.md "Joining"
+            return
+        text = msg.content
+        if not parse(text).found_block:
+            built = await self._plain(arrival, msg, sender)
+            if isinstance(built, Refusal | Settled):
+                if isinstance(built, Refusal):
+                    await self._reply_error(arrival, msg, built.reason)
+                await inbox.ack([arrival])
+                return
+            text = render(built)
+        answered = arrival.rel.endswith("_response.txt") and task_of(arrival.rel) is None
+
+        async def committed(_: Disposition) -> None:
+            await inbox.ack([arrival])
+            if answered and self._writer is not None:
+                # The requester read the reply: session/status.txt DONE -> IDLE.
+                await asyncio.to_thread(self._writer.settle_session, SessionState.IDLE)
+
+        disposition = await sink.on_envelope(Envelope(
+            transport=self.name, channel=msg.sender,
+            author=Author(msg.sender, sender, is_bot=True), text=text,
+            native_id=native_id(arrival.rel, arrival.record.digest), on_commit=committed))
+        if not disposition.committed:
+            inbox.release([arrival])
+
+    def _fresh_ids(self, arrival: Arrival, sender: str) -> tuple[str, str]:
+        """RequestId and TraceId for a conversation a plain file opens: derived from the
+        file, so reading it again after a crash builds the very same message."""
+        seed = hashlib.sha256(f"{arrival.rel}\n{arrival.record.digest}".encode()).hexdigest()
+        return f"{slug(sender)}-{seed[:12]}", seed[12:44]
+
+    async def _plain(self, arrival: Arrival, msg: AinetMessage, sender: str
+                     ) -> Message | Refusal | Settled:
+        records = self._records
+        assert records is not None
+        request_id, trace_id = self._fresh_ids(arrival, sender)
+        task = task_of(arrival.rel)
+        if task is not None:
+            linked = await records.request_for_folder(task)
+            conv = await self._conversation(linked or task)
+        else:
+            conv = await self._session_conversation(arrival.rel, msg, sender)
+        if conv is not None:
+            built = follow_up(msg, sender, conv, fresh_id=request_id)
+        else:
+            built = opening(msg, sender, self.settings.default_recipient,
+                            request_id=request_id, trace_id=trace_id)
+        if (not isinstance(built, Refusal | Settled) and task is not None
+                and (conv is None or built.request_id != conv.request_id)):
+            await records.link(task, built.request_id)
+        return built
+
+    async def _conversation(self, request_id: str) -> ConvView | None:
+        assert self._sink is not None
+        try:
+            check_request_id(request_id)
+        except UnsafeNameError:
+            return None
+        found = await self._sink.conversation(request_id)
+        return None if found is None else ConvView.from_dict(found)
+
+    async def _session_conversation(self, rel: str, msg: AinetMessage, sender: str
+                                    ) -> ConvView | None:
+        """The conversation a session file from ``sender`` answers: the one in the
+        bridge's own request/response slot to it that waits on it, or (for a response
+        file) the bridge's broadcast."""
+        writer = self._writer
+        assert writer is not None
+        kinds = [SlotKind.REQUEST, SlotKind.RESPONSE]
+        if rel.endswith("_response.txt"):
+            kinds.append(SlotKind.BROADCAST)
+        for kind in kinds:
+            to = "BROADCAST" if kind is SlotKind.BROADCAST else msg.sender
+            own = await asyncio.to_thread(writer.own_slot, to, kind)
+            blocks = parse(own.content).messages if own is not None else []
+            if not blocks:
+                continue
+            conv = await self._conversation(blocks[0].request_id)
+            if conv is None:
+                continue
+            if kind is SlotKind.BROADCAST or (not conv.closed and _owes(conv, sender)):
+                return conv
+        return None
+
+    async def _reply_error(self, arrival: Arrival, msg: AinetMessage | None, reason: str) -> None:
+        """Answer a file the gateway can't take, in the same conversation or session."""
+        writer = self._writer
+        assert writer is not None
+        sender = msg.sender if msg is not None else await asyncio.to_thread(
+            _guess_sender, self.workspace.root / arrival.rel, self.settings.max_message_bytes)
+        content = (f"bpgw could not take {arrival.rel}: {reason}.\n"
+                   "The file is kept as it is; write a corrected message as a new file.")
+        task = task_of(arrival.rel)
+        reply = self._message(sender or "BROADCAST", content, status_of(None))
+        plans = [Plan((reply,), slot=SlotKind.RESPONSE, session_state=SessionState.DONE)]
+        if task is not None:
+            plans.insert(0, Plan((reply,), task=task))
+        for plan in plans:
+            try:
+                self._written += (await asyncio.to_thread(writer.write, plan)).written
+                break
+            except (UnsafeNameError, LayoutError) as exc:
+                log.warning("ainet transport %s: error reply for %s not written here: %s",
+                            self.name, arrival.rel, exc)
+        log.info("ainet transport %s: refused %s: %s", self.name, arrival.rel, reason)
+
+    def _message(self, to: str, content: str, status: AinetStatus) -> AinetMessage:
+        """A message from the bridge; turn files carry no TYPE line (v0.3 examples)."""
+        kind = {"BROADCAST": AinetType.BROADCAST, "TASK": AinetType.TASK}.get(
+            to, AinetType.PRIVATE)
+        return AinetMessage(self.agent_id or "", to, kind, _now(), content, status,
+                            type_line=False)
+
+    # -- outbound ----------------------------------------------------------------------
+
+    async def send(self, message: Outbound) -> Receipt:
+        """Write ``message`` into the workspace (see the module docstring)."""
+        writer, records = self._writer, self._records
+        if writer is None or records is None:
+            raise DeliveryError(f"ainet transport {self.name} is not running", retry_after=1.0)
+        proto = _protocol_message(message)
+        if proto is not None and proto.is_broadcast:
+            if await records.is_peer(proto.sender):
+                return Receipt(())  # it was written in this folder: its agents saw it there
+            async with self._broadcast_lock:
+                return await self._deliver(message, proto, None)
+        return await self._deliver(message, proto, _peer(message.address.channel))
+
+    async def _deliver(self, message: Outbound, proto: Message | None, peer: str | None
+                       ) -> Receipt:
+        writer, records = self._writer, self._records
+        assert writer is not None and records is not None
+        broadcast = proto is not None and proto.is_broadcast
+        to = "BROADCAST" if broadcast else peer or _peer(proto.to if proto else "") or "BROADCAST"
+        request_id = message.request_id or (proto.request_id if proto else None)
+        task, reply_session = await self._placement(message, request_id)
+        slot: SlotKind | None = None
+        if broadcast or peer is not None:
+            slot = SlotKind.RESPONSE if proto is None else slot_kind(proto)
+        if reply_session and slot is None:
+            slot = SlotKind.RESPONSE
+        keys: dict[str, str] = {}
+        if message.id is not None:
+            if task is not None:
+                keys["turn"] = f"{message.id}:turn"
+            if slot is not None:
+                keys["slot"] = f"{message.id}:slot:{'BROADCAST' if broadcast else canonical(to)}"
+        done = dict(zip(keys, await records.delivered(list(keys.values())), strict=True))
+        if done.get("turn") is not None:
+            task = None
+        if done.get("slot") is not None:
+            slot = None
+        status = status_of(proto)
+        chunks = self.split_text(message.text)
+        plan = Plan(
+            tuple(self._message(to, chunk, status) for chunk in chunks),
+            task=task,
+            task_config=_task_config(request_id, message, proto),
+            final=closes(proto),
+            slot=slot,
+            session_state=None if slot is None else (
+                SessionState.DONE if slot is SlotKind.RESPONSE else SessionState.PENDING),
+        )
+        try:
+            outcome = await asyncio.to_thread(writer.write, plan)
+        except LayoutError as exc:
+            raise DeliveryError(str(exc), retry_after=5.0, code="inbox_full") from None
+        except UnsafeNameError as exc:
+            raise DeliveryError(f"can't write to {message.address}: {exc}",
+                                code="bad_address") from None
+        except OSError as exc:
+            raise DeliveryError(f"workspace write failed: {exc}", retry_after=1.0) from None
+        self._written += outcome.written
+        turns = [native_id(w.rel, w.digest) for w in outcome.turns]
+        session = [native_id(w.rel, w.digest) for w in outcome.session]
+        marks = []
+        if "turn" in keys and plan.task is not None:
+            marks.append((keys["turn"], " ".join(turns)))
+        if "slot" in keys and plan.slot is not None:
+            marks.append((keys["slot"], " ".join(session) or "spooled"))
+        await records.mark_delivered(marks)
+        earlier = [ids for ids in done.values() if ids is not None and ids != "spooled"]
+        ids = (*turns, *session, *(i for ids in earlier for i in ids.split()))
+        log.debug("ainet transport %s: wrote %s", self.name, ids,
+                  extra={"request_id": message.request_id, "trace_id": message.trace_id})
+        return Receipt(tuple(ids))
+
+    async def _placement(self, message: Outbound, request_id: str | None
+                         ) -> tuple[str | None, bool]:
+        """The conversation folder key for ``message`` (None: no turn), and whether it
+        answers a session file (so it goes to the session response slot)."""
+        records = self._records
+        assert records is not None
+        reply_to = message.reply_to or ""
+        rel = reply_to.rpartition("@")[0]
+        if message.kind is OutboundKind.NOTICE and rel:
+            return task_of(rel), task_of(rel) is None
+        if request_id is None:
+            return None, message.kind is OutboundKind.NOTICE
+        task = await records.folder_for_request(request_id) or request_id
+        try:
+            return check_request_id(task), False
+        except UnsafeNameError:
+            return None, True
+
+
+def _owes(conv: ConvView, sender: str) -> bool:
+    owner = conv.requester if conv.status == "clarifying" else conv.assignee
+    return name_key(owner) == name_key(sender)
+
+
+def _protocol_message(message: Outbound) -> Message | None:
+    if message.kind is not OutboundKind.PROTOCOL:
+        return None
+    if isinstance(message.message, MessageBase):
+        return message.message  # type: ignore[return-value]
+    found = parse(message.text).messages
+    return found[0] if found else None
+
+
+def _task_config(request_id: str | None, message: Outbound, proto: Message | None
+                 ) -> dict[str, Any]:
+    config: dict[str, Any] = {"request_id": request_id, "trace_id": message.trace_id,
+                              "created_by": "bpgw"}
+    if proto is not None:
+        config["participants"] = [proto.sender, proto.to]
+        config["type"] = str(proto.type)
+    return config
+
+
+def _pump(writer: Writer) -> tuple[list[Written], int]:
+    placed = writer.pump()
+    return placed, writer.workspace.spooled()
+
+
+def _guess_sender(path: Path, limit: int) -> str | None:
+    """The FROM of a file that is not a valid message, when it names a valid agent id."""
+    data = read_bounded(path, limit) or b""
+    match = _FROM.search(data[:4096].decode("utf-8", "replace"))
+    if match is None:
+        return None
+    try:
+        return check_agent_id(match.group(1))
+    except UnsafeNameError:
+        return None
+
+
+def _probe_folder(check: str, folder: Path, create: bool) -> Probe:
+    """Write and remove a probe file in ``folder`` (created first when ``create``)."""
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            return Probe(check, False, f"{folder} is not a folder",
+                         "mount or create it (or set create_workspace = true)")
+        probe = folder / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        return Probe(check, False, f"{folder}: {exc.strerror or exc}",
+                     "give the gateway's user write access to it")
+    return Probe(check, True, f"{folder} is writable")

@@ -1,0 +1,72 @@
+"""The bridge's small durable records on Redis, shared by every replica and restart.
+
+- **Conversation folders**: a conversation an AINET agent started in its own task folder
+  (``tasks/task-<X>/``) gets a generated RequestId R; ``X -> R`` and ``R -> X`` are kept
+  so the agent's next turns join R and the answers go into ``task-<X>`` (default for
+  every other RequestId: ``task-<R>``).
+- **Deliveries**: what each outbox message (``Outbound.id``) already became in the
+  workspace (its conversation turn, its session file per agent, its broadcast), so a
+  delivery the outbox repeats after a crash, or a BROADCAST delivered once per AINET
+  agent, writes each file once.
+- **Peers**: the bot-protocol names of agents seen writing in this workspace, so a
+  BROADCAST one of them made is not written back into the folder it came from.
+
+Each is a ``BoundedHash`` (oldest entries dropped past its bound) under the transport's
+hash tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+
+from adapters.ainet.ledger import BoundedHash, transport_tag
+from protocol import name_key
+
+PEERS_MAX = 10_000
+
+
+class BridgeRecords:
+    """Conversation folders, deliveries and peers of one ``ainet`` transport."""
+
+    def __init__(self, client: aioredis.Redis, namespace: str, transport: str, *,
+                 conversations_max: int, deliveries_max: int) -> None:
+        tag = transport_tag(namespace, transport)
+        self._folders = BoundedHash(client, f"{tag}:folders", max_entries=conversations_max)
+        self._deliveries = BoundedHash(client, f"{tag}:delivered", max_entries=deliveries_max)
+        self._peers = BoundedHash(client, f"{tag}:peers", max_entries=PEERS_MAX)
+
+    async def request_for_folder(self, task: str) -> str | None:
+        """The RequestId of the conversation living in ``tasks/task-<task>/``, if mapped."""
+        return (await self._folders.get_many([f"F:{task}"]))[0]
+
+    async def folder_for_request(self, request_id: str) -> str | None:
+        """The task folder key of conversation ``request_id``, if it is not ``task-<R>``."""
+        return (await self._folders.get_many([f"R:{request_id}"]))[0]
+
+    async def link(self, task: str, request_id: str) -> None:
+        """Conversation ``request_id`` lives in ``tasks/task-<task>/``."""
+        await self._folders.put([(f"F:{task}", request_id), (f"R:{request_id}", task)])
+
+    async def delivered(self, keys: Sequence[str]) -> list[str | None]:
+        """For each delivery key, the native ids it became (space-separated), or None."""
+        return await self._deliveries.get_many(keys)
+
+    async def mark_delivered(self, items: Sequence[tuple[str, str]]) -> None:
+        """Remember ``(key, native ids)`` pairs."""
+        if items:
+            await self._deliveries.put(items)
+
+    async def note_peers(self, names: Sequence[tuple[str, str]]) -> None:
+        """Remember ``(bot-protocol name, agent id)`` of agents seen in the workspace."""
+        if names:
+            await self._peers.put([(name_key(name), agent_id) for name, agent_id in names])
+
+    async def is_peer(self, name: str) -> bool:
+        """True when ``name`` is an agent seen writing in this workspace."""
+        return (await self._peers.get_many([name_key(name)]))[0] is not None
+
+    async def peer_count(self) -> int:
+        """How many workspace agents are known."""
+        return await self._peers.count()
