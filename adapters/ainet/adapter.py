@@ -75,7 +75,7 @@ from adapters.base import (
     Probe,
     Receipt,
 )
-from adapters.http.settings import load_options
+from adapters.options import load_options
 from protocol import Message, MessageBase, name_key, parse, render
 from protocol.ids import slug
 
@@ -130,7 +130,7 @@ class AinetAdapter(Adapter):
         self.capabilities = Capabilities(
             max_message_length=max(1024, s.max_message_bytes // 4 - _HEADER_ROOM)
         )
-        self._names = {canonical(agent_id): n for agent_id, n in s.agents.items()}
+        self._names: dict[str, str] = {canonical(i): n for i, n in s.agents.items()}
         self._redis: Any = None
         self._namespace = ""
         self._sink: GatewaySink | None = None
