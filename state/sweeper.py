@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +20,8 @@ log = logging.getLogger(f"bpgw.{__name__}")
 
 MAX_BATCHES_PER_SWEEP = 10
 """Claim batches one sweep may take before yielding to the next interval."""
+STOP_WAIT_SECONDS = 10.0
+"""How long ``stop`` lets a sweep or purge in progress finish before cancelling it."""
 
 
 @dataclass(frozen=True)
@@ -47,24 +49,47 @@ class Sweeper:
         self.settings = settings
         self.last_report: SweepReport | None = None
         self._scheduler: Any = None
+        # The sweep or purge in progress, per job. The scheduler only starts these tasks:
+        # its executor cancels the jobs it runs when it shuts down (and logs each as
+        # failed), so the work runs in tasks the sweeper owns and ``stop`` waits for.
+        self._running: dict[str, asyncio.Task[SweepReport]] = {}
 
     def start(self) -> None:
         """Schedule the sweep and purge jobs on the running event loop."""
         scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
         options = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
         # The first sweep runs at once: what fell due while no gateway ran is handled now.
-        scheduler.add_job(self.sweep, "interval", seconds=self.settings.sweep_interval_seconds,
+        scheduler.add_job(self._launch, "interval", args=(self.sweep,),
+                          seconds=self.settings.sweep_interval_seconds,
                           id="bpgw-sweep", next_run_time=datetime.now(UTC), **options)
-        scheduler.add_job(self.purge, "interval", seconds=self.settings.purge_interval_seconds,
+        scheduler.add_job(self._launch, "interval", args=(self.purge,),
+                          seconds=self.settings.purge_interval_seconds,
                           id="bpgw-purge", **options)
         scheduler.start()
         self._scheduler = scheduler
 
+    async def _launch(self, job: Callable[[], Coroutine[Any, Any, SweepReport]]) -> None:
+        """The scheduled job: start ``job`` unless its previous run is still going."""
+        name = getattr(job, "__name__", "job")
+        running = self._running.get(name)
+        if self._scheduler is None or (running is not None and not running.done()):
+            return
+        self._running[name] = asyncio.create_task(job())
+
     async def stop(self) -> None:
-        """Stop scheduling; a job already running finishes on its own."""
+        """Stop scheduling, then let a sweep or purge in progress finish (bounded), so
+        whatever closes the store next does not cut one off half way."""
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
+        tasks = [t for t in self._running.values() if not t.done()]
+        self._running.clear()
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def sweep(self, now: float | None = None) -> SweepReport:
         """Claim due conversations batch by batch and hand each to the callback."""

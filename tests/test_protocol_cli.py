@@ -3,33 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from cli_kit import bpgw
+
 VECTORS = Path(__file__).parent / "vectors"
-
-
-def bpgw(
-    *args: str, stdin: str | bytes = b"", cwd: Path = ROOT
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    data = stdin.encode() if isinstance(stdin, str) else stdin
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        input=data,
-        capture_output=True,
-        cwd=cwd,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    return subprocess.CompletedProcess(
-        proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode()
-    )
 
 
 def test_parse_json_exit_0_from_stdin_and_file() -> None:

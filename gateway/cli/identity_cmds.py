@@ -4,29 +4,24 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from adapters.base import ConfigError as TransportConfigError
 from adapters.base import create_adapter
 from gateway.agents import AgentDirectory
-from gateway.cli.state_cmds import add_connection_options, settings_from_args
+from gateway.cli.state_cmds import add_connection_options, config_from_args, with_redis
 from gateway.commands import identity_fields
-from gateway.config import ConfigError, load_config
-from state.connection import open_redis
+from gateway.config import ConfigError
 
 
 def _with_directory(
     args: argparse.Namespace, body: Callable[[AgentDirectory], Awaitable[int]]
 ) -> int:
     try:
-        config = load_config(args.config)
-        settings = settings_from_args(args)
+        config = config_from_args(args)
         # Names that transport credentials own (HTTP tokens); creating an adapter
         # connects nothing.
         owned = [
@@ -39,20 +34,11 @@ def _with_directory(
     except (ConfigError, TransportConfigError) as exc:
         print(f"bpgw: {exc}", file=sys.stderr)
         return 2
-
-    async def run() -> int:
-        handle = await open_redis(settings)
-        try:
-            prefix = "{" + settings.namespace + "}"
-            return await body(AgentDirectory(config, handle.client, prefix, owned))
-        finally:
-            await handle.close()
-
-    try:
-        return asyncio.run(run())
-    except RedisError as exc:
-        print(f"bpgw: cannot use the state store at {settings.redis_url}: {exc}", file=sys.stderr)
-        return 1
+    settings = config.state_settings()
+    prefix = "{" + settings.namespace + "}"
+    return with_redis(
+        settings, lambda handle: body(AgentDirectory(config, handle.client, prefix, owned))
+    )
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from gateway.cli.state_cmds import _with_store, add_connection_options
+from gateway.cli.state_cmds import add_connection_options, with_store
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_command
 from state.settings import StateSettings
@@ -35,7 +35,7 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     if args.action in ("retry", "drop") and not args.ids:
         print(f"bpgw outbox {args.action}: give dead-letter ids or 'all'", file=sys.stderr)
         return 2
-    return _with_store(args, body)
+    return with_store(args, body)
 
 
 def register(sub: Any) -> None:

@@ -18,10 +18,12 @@ from redis.exceptions import RedisError
 
 from adapters.base import ConfigError as TransportConfigError
 from gateway.app import Gateway
+from gateway.cli.state_cmds import config_from_args
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.defaults import OPERATOR, embedded_config
+from gateway.defaults import DEFAULT_HTTP_PORT, OPERATOR, embedded_config
 from gateway.demo import DemoError, run_demo
 from gateway.logs import configure_logging
+from state.connection import EMBEDDED, BadRedisURL, embedded_folder
 
 
 def register(sub: Any) -> None:
@@ -31,11 +33,16 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(".bpgw"),
-        help="data folder for embedded defaults (default ./.bpgw)",
+        default=None,
+        help="data folder (embedded Valkey, demo tokens); overrides [gateway] data_dir "
+        "(default: from the config, else ./.bpgw)",
     )
     run.add_argument(
-        "--port", type=int, default=8780, help="HTTP port for embedded defaults (default 8780)"
+        "--port",
+        type=int,
+        default=None,
+        help=f"HTTP port of the embedded defaults (default {DEFAULT_HTTP_PORT}); with --config "
+        "set [transports.NAME] port instead",
     )
     run.set_defaults(handler=_cmd_run)
     demo = sub.add_parser("demo", help="run a gateway and three scripted agents end to end")
@@ -44,16 +51,37 @@ def register(sub: Any) -> None:
 
 
 def _config_for(args: argparse.Namespace) -> tuple[GatewayConfig, dict[str, str] | None]:
+    # The config file (or defaults), BPGW_* environment overrides, then --data-dir.
+    config = config_from_args(args)
     if args.config is not None:
-        return load_config(args.config), None
-    base = load_config(None)  # environment overrides (BPGW_STATE__REDIS_URL, ...) still apply
-    return embedded_config(args.data_dir, port=args.port, redis_url=base.state.redis_url)
+        if args.port is not None:
+            raise ConfigError(
+                "--port applies to the embedded defaults only: with --config, set the port "
+                "in the config file ([transports.NAME] port)"
+            )
+        return config, None
+    return embedded_config(
+        config.gateway.data_dir,
+        port=DEFAULT_HTTP_PORT if args.port is None else args.port,
+        redis_url=config.state.redis_url,
+    )
+
+
+def describe_state(gateway: Gateway) -> str:
+    """Where the gateway keeps its state, as an operator needs to find it again."""
+    cfg = gateway.config
+    if cfg.state.redis_url != EMBEDDED:
+        return f"Redis at {gateway.redis_url} (namespace {cfg.state.namespace!r})"
+    return (
+        f"the embedded Valkey at {gateway.redis_url} (namespace {cfg.state.namespace!r}), "
+        f"data in {embedded_folder(cfg.gateway.data_dir).absolute()}"
+    )
 
 
 def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
     cfg = gateway.config
     print(f"bpgw gateway '{cfg.gateway.name}' running (Ctrl-C to stop)")
-    print(f"  state: {gateway.redis_url} (namespace {cfg.state.namespace!r})")
+    print(f"  state: {describe_state(gateway)}")
     for name, adapter in gateway.adapters.items():
         url = getattr(adapter, "url", None)
         print(f"  transport {name}: {url or adapter.health().state}")
@@ -113,7 +141,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, TransportConfigError) as exc:
         print(f"bpgw: {exc}", file=sys.stderr)
         return 2
-    except RedisError as exc:
+    except (RedisError, BadRedisURL) as exc:
         print(f"bpgw: cannot use the state store: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
@@ -133,7 +161,8 @@ async def _demo(as_json: bool) -> int:
         await gateway.start()
         url = str(getattr(gateway.adapters["http"], "url", ""))
         say = (lambda _line: None) if as_json else print
-        say(f"gateway up at {url}; state in {gateway.redis_url}")
+        say(f"gateway up at {url}")
+        say(f"state in {describe_state(gateway)} (removed when the demo ends)")
         conv = await run_demo(url, tokens, tokens[OPERATOR], say)
     finally:
         await gateway.stop()

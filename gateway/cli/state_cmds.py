@@ -5,33 +5,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from gateway.config import ConfigError, load_config
-from state.connection import open_redis
+from gateway.config import ConfigError, GatewayConfig, load_config
+from state.connection import EMBEDDED, BadRedisURL, RedisHandle, embedded_folder, open_redis
 from state.records import Conversation
 from state.settings import StateSettings
 from state.store import ConversationStore
 from state.sweeper import Sweeper
 
 
-def settings_from_args(args: argparse.Namespace) -> StateSettings:
-    """State settings as the gateway would use them: the config file (or defaults) with
-    ``BPGW_STATE__*`` environment overrides, then any explicit command-line option."""
-    settings = load_config(args.config).state_settings()
+def cli_environ(args: argparse.Namespace) -> dict[str, str]:
+    """The environment plus --redis-url, --namespace and --data-dir as ``BPGW_*``
+    overrides: a value given on the command line is checked, and reported when wrong,
+    exactly like the same key in a config file or the environment."""
     explicit = {
-        "redis_url": args.redis_url,
-        "namespace": args.namespace,
-        "data_dir": None if args.data_dir is None else Path(args.data_dir),
+        "BPGW_STATE__REDIS_URL": getattr(args, "redis_url", None),
+        "BPGW_STATE__NAMESPACE": getattr(args, "namespace", None),
+        "BPGW_GATEWAY__DATA_DIR": getattr(args, "data_dir", None),
     }
-    return replace(settings, **{k: v for k, v in explicit.items() if v is not None})
+    return {**os.environ, **{k: str(v) for k, v in explicit.items() if v is not None}}
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The configuration as the gateway would use it: the config file (or defaults),
+    ``BPGW_*`` environment overrides, then the command line's options."""
+    return load_config(getattr(args, "config", None), environ=cli_environ(args))
+
+
+def settings_from_args(args: argparse.Namespace) -> StateSettings:
+    """State settings of `config_from_args`."""
+    return config_from_args(args).state_settings()
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -44,30 +56,59 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default=None,
                         help="key namespace (default: from the config, else bpgw)")
     parser.add_argument("--data-dir", default=None,
-                        help="data folder of the embedded Valkey (default ./.bpgw)")
+                        help="data folder of the embedded Valkey (default: [gateway] data_dir "
+                        "of the config, else ./.bpgw)")
 
 
-def _with_store(args: argparse.Namespace,
-                body: Callable[[ConversationStore, StateSettings], Awaitable[int]]) -> int:
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as exc:
-        print(f"bpgw: {exc}", file=sys.stderr)
-        return 2
+def missing_embedded_store(settings: StateSettings) -> str | None:
+    """Why there is nothing to read, when the state is the embedded Valkey and its data
+    folder does not exist; None otherwise. Read commands say this instead of creating an
+    empty store in whatever folder they were run from."""
+    if settings.redis_url != EMBEDDED:
+        return None
+    data_dir = Path(settings.data_dir)
+    if embedded_folder(data_dir).exists():
+        return None
+    return (f"no state to read: the state store is the embedded Valkey of data folder "
+            f"{data_dir.absolute()}, which holds no data (no gateway has run with it), so "
+            "there is nothing to show. Point at the gateway's state with --config FILE, "
+            "--redis-url URL or --data-dir DIR.")
+
+
+def with_redis(settings: StateSettings,
+               body: Callable[[RedisHandle], Awaitable[int]]) -> int:
+    """Open the state store of ``settings``, run ``body`` and close it; exit status 1
+    with one line when the store is missing or can not be used."""
+    missing = missing_embedded_store(settings)
+    if missing is not None:
+        print(f"bpgw: {missing}", file=sys.stderr)
+        return 1
 
     async def run() -> int:
         handle = await open_redis(settings)
         try:
-            return await body(ConversationStore(handle.client, settings), settings)
+            return await body(handle)
         finally:
             await handle.close()
 
     try:
         return asyncio.run(run())
-    except RedisError as exc:
+    except (RedisError, OSError, BadRedisURL) as exc:
         print(f"bpgw: cannot use the state store at {settings.redis_url}: {exc}",
               file=sys.stderr)
         return 1
+
+
+def with_store(args: argparse.Namespace,
+               body: Callable[[ConversationStore, StateSettings], Awaitable[int]]) -> int:
+    """Run ``body`` on the conversation store the command line names (see `with_redis`)."""
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"bpgw: {exc}", file=sys.stderr)
+        return 2
+    return with_redis(settings, lambda handle: body(ConversationStore(handle.client, settings),
+                                                    settings))
 
 
 def _summary(conv: Conversation, now: float) -> dict[str, Any]:
@@ -101,7 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {agent}: {n}")
         return 0
 
-    return _with_store(args, body)
+    return with_store(args, body)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -124,7 +165,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                   f"{e.depth_current}/{e.depth_max}  {e.status}  {e.excerpt}")
         return 0
 
-    return _with_store(args, body)
+    return with_store(args, body)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -139,7 +180,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             + (f", error: {report.error}" if report.error else ""))
         return 1 if report.error else 0
 
-    return _with_store(args, body)
+    return with_store(args, body)
 
 
 def register(sub: Any) -> None:
