@@ -375,8 +375,10 @@ class GatewaySink(Protocol):
     ) -> list[dict[str, Any]]:
         """A filtered, paged list of conversations as JSON-ready dicts.
 
-        Raises ``QueryError`` for a filter that names nothing (an unknown status) and
-        ``Unavailable`` when the state store cannot answer now.
+        ``status``: None, ``all``, ``active``, ``finished`` or one status (any case);
+        ``agent``: a party of the conversation. Raises ``QueryError`` for a filter that
+        names nothing (an unknown status) or a page past the bounds, and ``Unavailable``
+        when the state store cannot answer now.
         """
 
     async def conversation(self, request_id: str) -> dict[str, Any] | None:

@@ -47,7 +47,7 @@ from state.connection import RedisHandle, open_redis
 from state.cursors import CursorStore
 from state.inbound import Claim, InboundClaims
 from state.leases import Lease
-from state.records import Conversation, ConvStatus
+from state.records import Conversation
 from state.store import ConversationStore
 from state.sweeper import Sweeper
 
@@ -64,15 +64,6 @@ def conversation_to_dict(conv: Conversation) -> dict[str, Any]:
     data["status"] = str(conv.status)
     data["owes_reply"] = None if conv.is_terminal else conv.owes_reply
     return data
-
-
-def _status_filter(text: str) -> str:
-    """A status filter as the store names it (any case); ``QueryError`` when unknown."""
-    try:
-        return str(ConvStatus(text.strip().lower()))
-    except ValueError:
-        known = ", ".join(str(s) for s in ConvStatus)
-        raise QueryError(f"unknown status {text!r}; use one of: {known}") from None
 
 
 @contextlib.contextmanager
@@ -333,14 +324,16 @@ class Gateway:
     async def conversations(
         self, *, status: str | None, agent: str | None, offset: int, limit: int
     ) -> list[dict[str, Any]]:
-        """A filtered, paged list of conversations as JSON-ready dicts.
-
-        ``status`` is matched case-insensitively; an unknown one raises ``QueryError``.
-        """
-        wanted = None if status is None else _status_filter(status)
+        """A filtered, paged list of conversations as JSON-ready dicts (filters as in
+        ``ConversationStore.list``, any case); ``QueryError`` for an unknown status or a
+        page past the bounds."""
+        who = agent.lstrip("@") if agent else None
         with _store_answers():
-            convs = await self.store.list(status=wanted, agent=agent, offset=offset,
-                                          limit=limit)
+            try:
+                convs = await self.store.list(status=status, agent=who, offset=offset,
+                                              limit=limit)
+            except ValueError as exc:
+                raise QueryError(str(exc)) from None
         return [conversation_to_dict(c) for c in convs]
 
     async def conversation(self, request_id: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ credential (``CommandRequest.operator``, unless ``operator_credentials = false``
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,8 +22,8 @@ from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_command
 from protocol.names import name_key
-from state.records import Conversation, ConvStatus, Outcome
-from state.store import ConversationStore
+from state.records import ACTIVE, Conversation, ConvStatus, Outcome
+from state.store import LIST_FILTERS, ConversationStore, list_statuses
 
 log = logging.getLogger("bpgw.gateway.commands")
 
@@ -36,7 +37,11 @@ AGENTS_PAGE_MAX = 100
 HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("status [agent]", "counts, oldest open, per-agent load, violations, transports, sweeps"),
     ("show <RequestId>", "one conversation with its whole history across transports"),
-    ("list [status] [agent]", f"up to {LIST_LIMIT} conversations, newest first"),
+    (
+        "list [status] [agent]",
+        f"up to {LIST_LIMIT} conversations; status: all (default), active, finished or one "
+        "status; agent: any party (requester, addressee, assignees)",
+    ),
     (
         "agents [offset] [limit]",
         f"declared and learned agents, where they live, who may speak as them "
@@ -178,10 +183,8 @@ class Commands:
         if agent is None:
             oldest = await self._store.oldest_open(limit=10)
         else:
-            convs = await self._store.list(agent=agent, limit=200)
-            oldest = sorted((c for c in convs if not c.is_terminal), key=lambda c: c.created_at)[
-                :10
-            ]
+            convs = await self._store.list(status="active", agent=agent, limit=200)
+            oldest = sorted(convs, key=lambda c: c.created_at)[:10]
         fields: list[tuple[str, str]] = [
             ("by status", ", ".join(f"{s}: {counts.get(s, 0)}" for s in ConvStatus)),
             (
@@ -261,19 +264,19 @@ class Commands:
         )
 
     async def _list(self, cmd: CommandRequest) -> CommandResult:
-        status: str | None = None
-        agent: str | None = None
-        statuses = {str(s) for s in ConvStatus}
-        for arg in cmd.args:
-            if arg.lower() in statuses and status is None:
-                status = arg.lower()
-            elif agent is None:
-                agent = arg.lstrip("@")
-        convs = await self._store.list(status=status, agent=agent, limit=LIST_LIMIT)
+        try:
+            status, agent = list_args(cmd.args)
+            convs = await self._store.list(status=status, agent=agent, limit=LIST_LIMIT)
+        except ValueError as exc:
+            return CommandResult(
+                title="usage: /protocol list [status] [agent]",
+                fields=(("why", str(exc)), ("status", ", ".join(LIST_FILTERS) + " (default all)")),
+                ok=False,
+            )
         now = time.time()
-        filters = ", ".join(f for f in (status, f"@{agent}" if agent else None) if f)
+        filters = ", ".join(f for f in (status or "all", f"@{agent}" if agent else None) if f)
         return CommandResult(
-            title="conversations" + (f" ({filters})" if filters else ""),
+            title=f"conversations ({filters})",
             columns=("RequestId", "type", "status", "requester", "assignee", "depth", "updated"),
             rows=tuple(
                 (
@@ -287,7 +290,8 @@ class Commands:
                 )
                 for c in convs
             ),
-            footer=f"showing up to {LIST_LIMIT}",
+            footer=f"{len(convs)} shown (at most {LIST_LIMIT}), {_list_order(status, agent)}"
+            + _status_hint(agent if not convs else None),
         )
 
     async def _agents(self, cmd: CommandRequest) -> CommandResult:
@@ -412,6 +416,43 @@ class Commands:
                 ("reason", reason),
             ),
         )
+
+
+def _list_order(status: str | None, agent: str | None) -> str:
+    """How ``ConversationStore.list`` orders a listing with these filters."""
+    if agent:
+        return "newest first"
+    statuses = list_statuses(status)
+    if len(statuses) > 1:
+        return "active oldest first, then finished most recently finished first"
+    return "oldest first" if statuses[0] in ACTIVE else "most recently finished first"
+
+
+def _status_hint(agent: str | None) -> str:
+    """For an empty listing of an agent named like a status filter: the likely typo."""
+    close = difflib.get_close_matches((agent or "").lower(), list(LIST_FILTERS), n=1)
+    return f"; no agent @{agent} here: did you mean the status {close[0]}?" if close else ""
+
+
+def list_args(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """``list [status] [agent]`` -> (status, agent) in either order.
+
+    A word that is a status filter (``all``, ``active``, ``finished``, a status) is the
+    status; any other word, or one starting with ``@``, is the agent (so ``@active`` is
+    an agent named active). ``all`` is never an agent. ValueError for anything else.
+    """
+    status: str | None = None
+    agent: str | None = None
+    for arg in args:
+        if not arg.startswith("@") and arg.lower() in LIST_FILTERS:
+            if status is not None:
+                raise ValueError(f"two statuses: {status} and {arg}")
+            status = arg.lower()
+        elif agent is None and arg.lstrip("@"):
+            agent = arg.lstrip("@")
+        else:
+            raise ValueError(f"unexpected {arg!r}: give at most one status and one agent")
+    return status, agent
 
 
 async def identity_fields(directory: AgentDirectory, name: str) -> list[tuple[str, str]]:

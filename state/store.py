@@ -55,6 +55,28 @@ LUA_DIR = Path(__file__).parent / "lua"
 # Fixed display order of the active statuses (oldest-first listings merge these).
 _ACTIVE_ORDER = (ConvStatus.OPEN, ConvStatus.CLARIFYING, ConvStatus.HANDED_OFF)
 _TERMINAL_ORDER = tuple(s for s in ConvStatus if s in TERMINAL)
+MERGED_WINDOW = 10_000
+"""A listing of several statuses may reach at most this far (offset + limit)."""
+AGENT_SCAN_MAX = 10_000
+"""An agent listing filtered by status looks at most at the agent's this many newest."""
+LIST_FILTERS: dict[str, tuple[ConvStatus, ...]] = {
+    "all": tuple(ConvStatus),
+    "active": _ACTIVE_ORDER,
+    "finished": _TERMINAL_ORDER,
+    **{str(s): (s,) for s in ConvStatus},
+}
+"""The ``status`` filters ``list`` takes: ``all``, ``active``, ``finished`` or one status."""
+
+
+def list_statuses(status: str | None) -> tuple[ConvStatus, ...]:
+    """The statuses a ``status`` filter (any case) stands for (None or "" = all);
+    ValueError if unknown."""
+    if not status:
+        return LIST_FILTERS["all"]
+    found = LIST_FILTERS.get(status.strip().lower())
+    if found is None:
+        raise ValueError(f"unknown status {status!r}; use one of: {', '.join(LIST_FILTERS)}")
+    return found
 _Convs = list[Conversation]
 _Orphans = list[tuple[str, list[Event]]]
 _Results = list[ApplyResult]
@@ -171,6 +193,10 @@ class Keys:
     def budget(self, name: str) -> str:
         """One loop-guard budget (same slot as the records: the apply script charges it)."""
         return f"{self.prefix}lg:{name}"
+
+    def party(self, agent: str) -> str:
+        """The index of every conversation one agent is a party to (by canonical key)."""
+        return f"{self.prefix}p:{name_key(agent)}"
 
 
 def load_script(name: str) -> str:
@@ -364,22 +390,44 @@ class ConversationStore:
 
     async def list(self, *, status: str | None = None, agent: str | None = None,
                    offset: int = 0, limit: int = 50) -> _Convs:
-        """A page of conversations (without history).
+        """A page of conversations (without history); see ``LIST_FILTERS``.
 
-        ``status`` alone: that status (active ones oldest first, terminal ones newest
-        first). ``agent``: the active conversations that agent owes a reply on,
-        optionally only those in ``status``. Neither: all active, oldest first.
+        ``status``: None or ``all`` = every status (active ones oldest first, then
+        finished ones most recently finished first), ``active`` / ``finished`` = those
+        groups in the same order, or one status. ``agent``: only conversations that agent
+        is a party to (requester, addressee, any assignee, by canonical name), newest
+        first; with a status too, among its ``AGENT_SCAN_MAX`` newest. Raises
+        ``ValueError`` for an unknown status and for a merged page (``all``, ``active``,
+        ``finished``) reaching past ``MERGED_WINDOW``.
         """
+        statuses = list_statuses(status)
         if agent is not None:
-            return await self._agent_page(agent, status, offset, limit)
-        if status is None:
-            return await self._active_page(offset, limit)
-        st = ConvStatus(status)
-        key = self.keys.status(st)
-        end = offset + limit - 1
-        ids = await (self.redis.zrange(key, offset, end) if st in ACTIVE
-                     else self.redis.zrevrange(key, offset, end))
-        return await self._fetch(_text(i) for i in ids)
+            return await self._agent_page(agent, statuses, offset, limit)
+        if len(statuses) == 1:
+            st = statuses[0]
+            key = self.keys.status(st)
+            end = offset + limit - 1
+            ids = await (self.redis.zrange(key, offset, end) if st in ACTIVE
+                         else self.redis.zrevrange(key, offset, end))
+            return await self._fetch(_text(i) for i in ids)
+        if offset + limit > MERGED_WINDOW:
+            raise ValueError(
+                f"offset + limit may reach {MERGED_WINDOW} at most when listing several "
+                "statuses; filter by one status (or an agent) to page further")
+        active = [s for s in _ACTIVE_ORDER if s in statuses]
+        finished = [s for s in _TERMINAL_ORDER if s in statuses]
+        found = await self._merged_page(active, offset, limit, newest=False)
+        if len(found) < limit and finished:
+            # The finished part starts after the active ones: its offset is what is left.
+            skipped = 0 if found else max(0, offset - await self._count(active))
+            found += await self._merged_page(finished, skipped, limit - len(found), newest=True)
+        return found
+
+    async def _count(self, statuses: Sequence[ConvStatus]) -> int:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for st in statuses:
+                pipe.zcard(self.keys.status(st))
+            return sum(int(n) for n in await pipe.execute())
 
     async def orphans(self, limit: int = 50) -> _Orphans:
         """The most recent orphan RESPONSEs (for unknown RequestIds), newest first."""
@@ -391,29 +439,39 @@ class ConversationStore:
                 for rid, blob in zip(ids, blobs, strict=True) if blob]
 
     async def _active_page(self, offset: int, limit: int) -> _Convs:
-        # Each active status index is ordered by creation time; merge their heads.
+        return await self._merged_page(_ACTIVE_ORDER, offset, limit, newest=False)
+
+    async def _merged_page(self, statuses: Sequence[ConvStatus], offset: int, limit: int, *,
+                           newest: bool) -> _Convs:
+        # Each status index is ordered by time (created for active ones, finished for the
+        # rest); merge their heads: O(offset + limit) per index, hence MERGED_WINDOW.
+        if not statuses or limit <= 0:
+            return []
         async with self.redis.pipeline(transaction=False) as pipe:
-            for st in _ACTIVE_ORDER:
-                pipe.zrange(self.keys.status(st), 0, offset + limit - 1, withscores=True)
+            for st in statuses:
+                zrange = pipe.zrevrange if newest else pipe.zrange
+                zrange(self.keys.status(st), 0, offset + limit - 1, withscores=True)
             heads: Sequence[Sequence[tuple[Any, float]]] = await pipe.execute()
-        merged = sorted((score, _text(rid)) for head in heads for rid, score in head)
+        merged = sorted(((score, _text(rid)) for head in heads for rid, score in head),
+                        reverse=newest)
         return await self._fetch(rid for _, rid in merged[offset:offset + limit])
 
-    async def _agent_page(self, agent: str, status: str | None, offset: int, limit: int
-                          ) -> _Convs:
-        key = self.keys.agent(agent)
-        if status is None:
-            return await self._fetch(_text(i) for i in await self.redis.zrange(
+    async def _agent_page(self, agent: str, statuses: Sequence[ConvStatus], offset: int,
+                          limit: int) -> _Convs:
+        key = self.keys.party(agent)
+        if len(statuses) == len(ConvStatus):
+            return await self._fetch(_text(i) for i in await self.redis.zrevrange(
                 key, offset, offset + limit - 1))
-        # Filtering by status walks this agent's index only: O(its load), never O(n).
-        wanted = ConvStatus(status)
+        # A status filter walks this agent's newest conversations only, at most
+        # AGENT_SCAN_MAX of them, so one request costs a bounded amount of work.
+        wanted = set(statuses)
         found: _Convs = []
         start, chunk = 0, 500
-        while len(found) < offset + limit:
-            ids = [_text(i) for i in await self.redis.zrange(key, start, start + chunk - 1)]
+        while len(found) < offset + limit and start < AGENT_SCAN_MAX:
+            ids = [_text(i) for i in await self.redis.zrevrange(key, start, start + chunk - 1)]
             if not ids:
                 break
-            found += [c for c in await self._fetch(ids) if c.status is wanted]
+            found += [c for c in await self._fetch(ids) if c.status in wanted]
             start += chunk
         return found[offset:offset + limit]
 

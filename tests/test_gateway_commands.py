@@ -89,6 +89,25 @@ async def test_list_filters_by_status_and_agent(cfg_args, redis_client) -> None:
         assert [row[0] for row in clarifying.rows] == [first]
         sec = await chat.command("list", "@SecurityBot", author_id="x")
         assert [row[0] for row in sec.rows] == [second]
+        # Any party: the requester finds both; a finished one is listed by default.
+        await chat.command("cancel", second, author_id="op")
+        lot = await chat.command("list", "Lotbot", author_id="x")
+        assert [row[0] for row in lot.rows] == [second, first]  # newest first
+        assert lot.footer == "2 shown (at most 25), newest first"
+        assert [r[0] for r in (await chat.command("list", author_id="x")).rows] == [first, second]
+        # `all` is the status filter, never an agent called @all; either order works.
+        every = await chat.command("list", "all", author_id="x")
+        assert [row[0] for row in every.rows] == [first, second] and every.title.endswith("(all)")
+        done = await chat.command("list", "@SecurityBot", "finished", author_id="x")
+        assert [row[0] for row in done.rows] == [second]
+        assert (await chat.command("list", "active", "Mantis", author_id="x")).rows[0][0] == first
+        for bad in (("done", "open"), ("Lotbot", "Mantis"), ("all", "@")):
+            refused = await chat.command("list", *bad, author_id="x")
+            assert not refused.ok and refused.title.startswith("usage"), bad
+        # A word that is no status is an agent; an empty answer points at the likely typo.
+        typo = await chat.command("list", "opne", author_id="x")
+        assert typo.ok and typo.rows == () and typo.title == "conversations (all, @opne)"
+        assert "did you mean the status open?" in typo.footer
 
 
 async def test_agents_lists_declared_and_learned(cfg_args, redis_client) -> None:

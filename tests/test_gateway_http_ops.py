@@ -4,6 +4,7 @@ machine-readably (item 12)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -124,3 +125,35 @@ async def test_a_request_to_an_agent_without_an_address_warns(
         ok = build_request(sender="Lotbot", to="Mantis", task="check disk")
         status, body = await _post(http, f"{base}/v1/messages", {"text": render(ok)}, AGENT)
         assert status == 200 and body["warnings"] == [], body
+
+
+async def test_conversations_filters_over_http(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    async with _gateway(redis_url, namespace, tmp_path) as (_gw, http, base):
+        first = await _open_request(http, base)
+        await asyncio.sleep(0.01)  # creation times are kept to the millisecond
+        second = await _open_request(http, base)
+        _, done = await _post(http, f"{base}/v1/commands", {"text": f"cancel {second}"}, ADMIN)
+        assert done["ok"], done
+
+        async def ids(query: str) -> tuple[int, Any]:
+            async with http.get(f"{base}/v1/conversations?{query}", headers=AGENT) as resp:
+                body = await resp.json()
+            if resp.status != 200:
+                return resp.status, body["error"]
+            return resp.status, [c["request_id"] for c in body["conversations"]]
+
+        assert await ids("") == (200, [first, second])  # every status by default
+        assert await ids("status=all") == await ids("status=") == (200, [first, second])
+        assert await ids("status=active") == await ids("status=open") == (200, [first])
+        assert await ids("status=finished") == await ids("status=cancelled") == (200, [second])
+        # The requester is a party: the agent filter finds both, newest first.
+        assert await ids("agent=Lotbot") == await ids("agent=%40lotbot") == (200, [second, first])
+        assert await ids("agent=Mantis&status=cancelled") == (200, [second])
+        code, error = await ids("status=opne")
+        assert code == 400 and error["code"] == "bad_request"
+        assert error["message"].startswith("unknown status 'opne'; use one of: all, active")
+        code, error = await ids("offset=10000")
+        assert code == 400 and "filter by one status" in error["message"]
+        assert await ids("status=done&offset=10000") == (200, [])

@@ -1,7 +1,9 @@
-"""Indices instead of counters: batched claims, the agent set, old layouts, commands per step."""
+"""Indices instead of counters: batched claims, the agent set, old layouts, commands per step;
+listing by status filters and by any party (issue 8 item 7)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,7 +22,7 @@ from test_state_helpers import (
 from protocol.models import Message
 from state.records import ConvStatus
 from state.settings import StateSettings
-from state.store import ConversationStore
+from state.store import MERGED_WINDOW, ConversationStore, list_statuses
 
 from servers import PrivateValkey
 
@@ -121,10 +123,106 @@ async def _commands(st: ConversationStore, msg: Message) -> int:
 async def test_commands_per_step(private_store: ConversationStore) -> None:
     st = private_store
     await st.apply(request("warm"), ORIGIN, now=T0)  # the script is loaded once
-    assert await _commands(st, request("r1")) == 6  # EVALSHA + SET NX GET + 3 ZADD + SADD
+    # EVALSHA + SET NX GET + 3 ZADD + SADD + a ZADD per party (requester, addressee)
+    assert await _commands(st, request("r1")) == 8
     assert await _commands(st, request("r1")) == 2  # a duplicate: EVALSHA + SET NX GET
     assert await _commands(st, clarify("r1")) == 9
     assert await _commands(st, response("r1", sender="Lotbot", to="Mantis", depth=3,
                                         status=None)) == 9
-    assert await _commands(st, handoff("r1", depth=4)) == 9
+    assert await _commands(st, handoff("r1", depth=4)) == 10  # + a ZADD: Heron is a party now
     assert await _commands(st, response("r1", sender="Heron", depth=5)) == 7
+
+
+# -- listing: status filters, any party, bounded pages -----------------------------------
+
+
+async def _ids(store: ConversationStore, **kw: object) -> list[str]:
+    return [c.request_id for c in await store.list(**kw)]  # type: ignore[arg-type]
+
+
+async def test_no_status_lists_every_status(store: ConversationStore) -> None:
+    await store.apply(request("o1"), ORIGIN, now=T0)
+    await store.apply(request("c2", to="Heron"), ORIGIN, now=T0 + 1)
+    await store.apply(clarify("c2", sender="Heron"), ORIGIN, now=T0 + 2)
+    await store.apply(request("d3", sender="Heron"), ORIGIN, now=T0 + 3)
+    await store.apply(response("d3", to="Heron"), ORIGIN, now=T0 + 4)
+    await store.apply(request("x4"), ORIGIN, now=T0 + 5)
+    await store.cancel("x4", by="alice", reason="not needed", now=T0 + 6)
+    await store.apply(broadcast("news"), ORIGIN, now=T0 + 7)
+    # Active ones oldest first, then finished ones most recently finished first.
+    every = ["o1", "c2", "x4", "d3"]
+    assert await _ids(store) == every
+    assert await _ids(store, status="all") == every == await _ids(store, status="ALL")
+    assert await _ids(store, status="active") == ["o1", "c2"]
+    assert await _ids(store, status="finished") == ["x4", "d3"]
+    assert await _ids(store, status="open") == ["o1"]
+    assert await _ids(store, status="cancelled") == ["x4"]
+    # Pages run across the active / finished boundary without gaps or repeats.
+    pages = [await _ids(store, offset=i, limit=1) for i in range(5)]
+    assert pages == [["o1"], ["c2"], ["x4"], ["d3"], []]
+    assert await _ids(store, offset=1, limit=2) == ["c2", "x4"]
+    assert await _ids(store, status="finished", offset=1, limit=5) == ["d3"]
+
+
+async def test_the_agent_filter_matches_any_party(store: ConversationStore) -> None:
+    await store.apply(request("o1"), ORIGIN, now=T0)  # Lotbot -> Mantis
+    await store.apply(request("h2"), ORIGIN, now=T0 + 1)
+    await store.apply(handoff("h2"), ORIGIN, now=T0 + 2)  # Mantis -> Heron
+    await store.apply(response("h2", sender="Heron", depth=3), ORIGIN, now=T0 + 3)
+    await store.apply(request("q3", to="all"), ORIGIN, now=T0 + 4)
+    await store.apply(clarify("q3", sender="Kite"), ORIGIN, now=T0 + 5)  # Kite takes it
+    await store.apply(request("z4", sender="Heron", to="Kite"), ORIGIN, now=T0 + 6)
+    # Newest first; the requester, the addressee, a finished assignee all find it.
+    assert await _ids(store, agent="Lotbot") == ["q3", "h2", "o1"]
+    assert await _ids(store, agent="Mantis") == ["h2", "o1"]  # handed h2 on, still a party
+    assert await _ids(store, agent="Heron") == ["z4", "h2"]
+    assert await _ids(store, agent="Kite") == ["z4", "q3"]
+    assert await _ids(store, agent="all") == []  # @all is nobody
+    # Names compare canonically.
+    assert await _ids(store, agent="mantis") == await _ids(store, agent="MANTIS") == ["h2", "o1"]
+    assert await _ids(store, agent="Mantis", status="finished") == ["h2"]
+    assert await _ids(store, agent="Mantis", status="open") == ["o1"]
+    assert await _ids(store, agent="Lotbot", status="active", limit=1) == ["q3"]
+    assert await _ids(store, agent="Lotbot", status="active", offset=1) == ["o1"]
+    assert await _ids(store, agent="Nobody") == []
+
+
+async def test_the_party_index_goes_with_the_conversation(store: ConversationStore) -> None:
+    redis, keys = store.redis, store.keys
+    await store.apply(request("r1"), ORIGIN, now=T0)
+    await store.apply(handoff("r1"), ORIGIN, now=T0 + 1)
+    await store.apply(response("r1", sender="Heron", depth=3), ORIGIN, now=T0 + 2)
+    await store.apply(request("r2"), ORIGIN, now=T0 + 3)
+    assert await redis.zrange(keys.party("Heron"), 0, -1) == ["r1"]
+    assert await redis.zrange(keys.party("Lotbot"), 0, -1) == ["r1", "r2"]
+    # Purged after the retention: r1 leaves every party index, Heron's is gone.
+    assert await store.purge_expired(now=T0 + 2 + store.settings.retention_seconds) == 1
+    assert await redis.exists(keys.party("Heron")) == 0
+    assert await redis.zrange(keys.party("Lotbot"), 0, -1) == ["r2"]
+    assert await redis.zrange(keys.party("Mantis"), 0, -1) == ["r2"]
+
+
+async def test_a_record_from_before_the_party_index_joins_it_when_it_moves(
+    store: ConversationStore,
+) -> None:
+    redis, keys = store.redis, store.keys
+    await store.apply(request("old"), ORIGIN, now=T0)
+    # What the earlier version wrote: a header of 18 fields and no party index.
+    blob = await redis.get(keys.conv("old"))
+    header, _, body = blob.partition("\n")
+    await redis.set(keys.conv("old"), json.dumps(json.loads(header)[:18]) + "\n" + body)
+    await redis.delete(keys.party("Lotbot"), keys.party("Mantis"))
+    await store.apply(handoff("old"), ORIGIN, now=T0 + 1)
+    for who in ("Lotbot", "Mantis", "Heron"):
+        assert await _ids(store, agent=who) == ["old"], who
+
+
+async def test_bad_filters_and_pages_are_refused(store: ConversationStore) -> None:
+    with pytest.raises(ValueError, match="unknown status 'opne'; use one of: all, active"):
+        await store.list(status="opne")
+    with pytest.raises(ValueError, match=f"reach {MERGED_WINDOW} at most"):
+        await store.list(offset=MERGED_WINDOW, limit=1)
+    with pytest.raises(ValueError, match="filter by one status"):
+        await store.list(status="finished", offset=MERGED_WINDOW - 10, limit=11)
+    assert await store.list(status="done", offset=10**9, limit=5) == []  # one index: any offset
+    assert list_statuses(None) == list_statuses("") == tuple(ConvStatus)

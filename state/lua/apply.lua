@@ -13,9 +13,9 @@
 --   KEYS[3..] its budget keys (see budgets below).
 -- Returns {outcome, reason, previous status, record blob or false}; outcome 'loop' adds
 -- {1 when this message tripped a budget else 0, milliseconds until it lets messages pass}.
--- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD; any later step is GET + SET
--- plus only the indices that change (see reindex in common.lua); the loop guard adds a
--- GET and a SET per budget key.
+-- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD + one ZADD per party (2); any
+-- later step is GET + SET plus only the indices that change (see reindex in common.lua)
+-- and a ZADD for a new party; the loop guard adds a GET and a SET per budget key.
 local key = KEYS[1]
 local a = cjson.decode(ARGV[2])
 local typ, id, from, to = a[1], a[2], a[3], a[4]
@@ -121,7 +121,8 @@ local function step()
     local bc = typ == 'BROADCAST'
     local st = bc and 'done' or 'open'
     local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
-               now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24]}
+               now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24], {fk}}
+    if a[24] ~= fk and a[24] ~= 'all' then h[19][2] = a[24] end
     ev[6] = st
     local new = encode(h, '', ev)
     blob = redis.call('SET', key, new, 'NX', 'GET')
@@ -201,6 +202,16 @@ local function step()
             ', not ' .. dc .. '/' .. dm .. '.', st, blob}
   end
   h[6] = dc
+  -- Whoever speaks on a conversation and whoever it is addressed to are its parties (a
+  -- HANDOFF's new assignee, the agent taking a request to @all). Records written before
+  -- the party index start theirs here with the requester and the assignee.
+  if not h[19] then
+    h[19] = {}
+    party(id, h, rk)
+    party(id, h, h[18])
+  end
+  party(id, h, fk)
+  party(id, h, a[24])
 
   if typ == 'RESPONSE' then
     if st == 'clarifying' and fk == rk then

@@ -20,14 +20,6 @@ end)
 redis.call('ZREMRANGEBYRANK', due, 0, #ids - 1)
 
 local by_status, by_agent, timed, writes, gone, out = {}, {}, {}, {}, {}, {}
-local function add(groups, name, id)
-  local list = groups[name]
-  if not list then
-    list = {}
-    groups[name] = list
-  end
-  list[#list + 1] = id
-end
 for i, id in ipairs(ids) do
   local blob = blobs[i]
   if blob then
@@ -36,8 +28,8 @@ for i, id in ipairs(ids) do
       gone[#gone + 1] = keys[i]
     elseif ACTIVE[h[5]] then
       local who = owes(h)
-      add(by_status, h[5], id)
-      add(by_agent, who, id)
+      group(by_status, h[5], id)
+      group(by_agent, who, id)
       local ev = {'TIMEOUT', 'bpgw', who, h[6], h[7], 'timeout', h[13], '', now,
                   ARGV[4] .. who .. ' (was ' .. h[5] .. ')', ''}
       h[5], h[11], h[12] = 'timeout', now, 0

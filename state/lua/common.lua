@@ -7,12 +7,16 @@
 --   P.."s:"..st   zset id -> created (active statuses) or terminal time (terminal ones)
 --   P.."a:"..who  zset id -> created of active conversations `who` owes a reply on
 --   P.."ag"       set of agent names that may have an a:<who> index (pruned by purge)
+--   P.."p:"..key  zset id -> created of every conversation (any status) the agent with
+--                 canonical name key `key` is a party to: requester, addressee, every
+--                 assignee; removed with the conversation by purge
 --   P.."orph"     zset id -> time an orphan was stored
 -- No counters: counts are ZCARDs of these indices (broadcasts = due - active), load is
 -- ZCARD of a:<who>, so a transition writes only the indices that really change.
 -- Header: 1 trace, 2 kind, 3 requester, 4 assignee, 5 status, 6 depth, 7 max depth,
 --   8 priority, 9 task, 10 created, 11 updated, 12 deadline (0 = none), 13 transport,
---   14 channel, 15 thread, 16 native id
+--   14 channel, 15 thread, 16 native id, 17 requester key, 18 assignee key,
+--   19 party keys (a list, at most one per depth step; records written before it have none)
 -- Event: 1 type, 2 from, 3 to, 4 depth, 5 max depth, 6 status, 7 transport,
 --   8 native id, 9 time, 10 excerpt, 11 fingerprint (16 hex, "" for CANCEL/TIMEOUT)
 local P = ARGV[1]
@@ -39,8 +43,21 @@ local function enter(id, h)
     redis.call('ZADD', P .. 's:' .. h[5], h[10], id)
     redis.call('ZADD', P .. 'a:' .. who, h[10], id)
     redis.call('SADD', P .. 'ag', who)
+    for _, key in ipairs(h[19]) do redis.call('ZADD', P .. 'p:' .. key, h[10], id) end
   end
   redis.call('ZADD', P .. 'due', h[12], id)
+end
+
+-- Make the agent with canonical key `key` a party of conversation `id` (header h):
+-- listed in h[19] and indexed under p:<key>, once. '' and 'all' are nobody.
+local function party(id, h, key)
+  if key == '' or key == 'all' then return end
+  local keys = h[19]
+  for _, k in ipairs(keys) do
+    if k == key then return end
+  end
+  keys[#keys + 1] = key
+  redis.call('ZADD', P .. 'p:' .. key, h[10], id)
 end
 
 -- Re-index conversation `id` that was in status st0 owed by w0 and now has header h:
@@ -102,6 +119,16 @@ local function journal(h)
     if moved then j = cjson.encode(e) end
   end
   redis.call('XADD', P .. 'ob:j', '*', 'm', j)
+end
+
+-- Append item to the list groups[name] (created on first use).
+local function group(groups, name, item)
+  local list = groups[name]
+  if not list then
+    list = {}
+    groups[name] = list
+  end
+  list[#list + 1] = item
 end
 
 -- Call f with the items of list in slices (Lua's unpack takes a few thousand at most).

@@ -4,12 +4,30 @@
 -- Returns the number of conversations removed.
 local cutoff, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 
+-- Take the conversations with record keys `keys` (ids `ids`) out of their parties'
+-- p: indices: one MGET per 1000 records, one variadic ZREM per party.
+local function unindex_parties(ids, keys)
+  local by_party, blobs = {}, {}
+  sliced(keys, function(...)
+    for _, blob in ipairs(redis.call('MGET', ...)) do blobs[#blobs + 1] = blob end
+  end)
+  for i, blob in ipairs(blobs) do
+    if blob then
+      for _, key in ipairs(split(blob)[19] or {}) do group(by_party, key, ids[i]) end
+    end
+  end
+  for key, list in pairs(by_party) do
+    sliced(list, function(...) redis.call('ZREM', P .. 'p:' .. key, ...) end)
+  end
+end
+
 -- Remove the oldest (score <= cutoff, at most n) members of zset `index` and their keys.
 local function drop(index, kind, n)
   local ids = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff, 'LIMIT', 0, n)
   if #ids == 0 then return 0 end
   local keys = {}
   for i, id in ipairs(ids) do keys[i] = P .. kind .. id end
+  if kind == 'c:' then unindex_parties(ids, keys) end
   sliced(keys, function(...) redis.call('DEL', ...) end)
   redis.call('ZREMRANGEBYRANK', index, 0, #ids - 1)
   return #ids
