@@ -3,6 +3,10 @@
 A local HTTP transport on 127.0.0.1:8780 with three demo agents (Lotbot, Mantis,
 SecurityBot) and one operator (admin). Their bearer tokens are random, kept in
 ``<data_dir>/tokens.json`` (mode 0600) so they stay the same across restarts.
+
+An AINET workspace (transport ``ainet``, docs/ainet.md) is served in
+``<data_dir>/ainet``: AINET agents join by writing files there; the bridge's own agent
+id and spool live in ``<data_dir>/ainet-state``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,19 @@ from gateway.config import GatewayConfig
 DEMO_AGENTS = ("Lotbot", "Mantis", "SecurityBot")
 OPERATOR = "admin"
 DEFAULT_HTTP_PORT = 8780
+AINET_TRANSPORT = "ainet"
+
+
+def ainet_options(data_dir: Path) -> dict[str, Any]:
+    """The embedded AINET workspace: a local folder, polled twice a second."""
+    return {
+        "kind": "ainet",
+        "workspace": str(data_dir / "ainet"),
+        "create_workspace": True,
+        "state_dir": str(data_dir / "ainet-state"),
+        "discovery": "poll",
+        "poll_interval_seconds": 0.5,
+    }
 
 
 def load_or_create_tokens(data_dir: Path) -> dict[str, str]:
@@ -62,7 +79,8 @@ def embedded_config(
                 "port": port,
                 "tokens": {name: tokens[name] for name in DEMO_AGENTS},
                 "operator_tokens": {OPERATOR: tokens[OPERATOR]},
-            }
+            },
+            AINET_TRANSPORT: ainet_options(data_dir),
         },
     }
     return GatewayConfig.model_validate(data), tokens

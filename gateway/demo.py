@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.demo_ainet import FileAgent, consult
 from protocol import (
     Message,
     MessageType,
@@ -75,9 +76,17 @@ class HttpAgent:
 
 
 async def run_demo(
-    base_url: str, tokens: dict[str, str], operator_token: str, say: Callable[[str], None]
+    base_url: str,
+    tokens: dict[str, str],
+    operator_token: str,
+    say: Callable[[str], None],
+    auditor: FileAgent | None = None,
 ) -> dict[str, Any]:
-    """Play the scripted conversation; return the conversation as the gateway tracked it."""
+    """Play the scripted conversation; return the conversation as the gateway tracked it.
+
+    With ``auditor`` (a plain AINET agent on the gateway's AINET workspace), SecurityBot
+    consults it before answering (``gateway/demo_ainet.py``).
+    """
     async with aiohttp.ClientSession() as session:
         lot, man, sec = (
             HttpAgent(n, tokens[n], base_url, session) for n in ("Lotbot", "Mantis", "SecurityBot")
@@ -111,6 +120,8 @@ async def run_demo(
             reason="SecurityBot has shell access to build-01",
         )
         got = await hop(man, handoff, sec)
+        if auditor is not None:  # SecurityBot checks with the AINET agent first
+            await consult(sec, got, auditor, say)
         # The new holder answers the original requester directly.
         done = reply_response(
             got, sender="SecurityBot", status="done", result="/var is at 91%; everything else < 60%"

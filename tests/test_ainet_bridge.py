@@ -4,6 +4,10 @@ from the v0.3 rules alone) on the same folder."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +141,15 @@ async def test_a_five_turn_conversation_and_a_restart_in_the_middle(
     assert conversation["status"] == "done"
     assert (root / "tasks" / "task-review-1" / "status.txt").read_text() == "DONE"
     assert not (root / "tasks" / f"task-{request.request_id}").exists()  # all in review-1
+
+
+def test_bpgw_demo_includes_a_plain_ainet_agent(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "demo"], capture_output=True,
+                          env=env, cwd=tmp_path, timeout=120, check=False)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "AINET agent Device-demo0001/Auditor joined" in out
+    assert re.search(r"Auditor -> SecurityBot answered in task-securitybot-[0-9a-f]+/"
+                     r"002-Device-demo0001-Auditor\.txt", out), out
+    assert "as the gateway tracked it: done" in out

@@ -175,6 +175,11 @@ async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
     banner = out.decode()
     assert f"http://127.0.0.1:{port}" in banner and "Lotbot" in banner
     assert (tmp_path / "data" / "valkey").exists()
+    # The embedded AINET workspace: served, its path printed, the bridge joined it.
+    workspace = (tmp_path / "data" / "ainet").resolve()
+    assert f"AINET workspace {workspace} (as Device-" in banner
+    joins = list((workspace / "session").glob("Device-*_to_BROADCAST_broadcast.txt"))
+    assert len(joins) == 1 and "has joined AINET" in joins[0].read_text(encoding="utf-8")
 
 
 def test_bpgw_demo_completes(tmp_path: Path) -> None:

@@ -161,6 +161,11 @@ class AinetAdapter(Adapter):
             raise RuntimeError(f"ainet transport {self.name} is not running")
         return self._workspace
 
+    @property
+    def location(self) -> str:
+        """Where agents find this transport: the workspace folder and the bridge's id."""
+        return f"AINET workspace {self.workspace.root} (as {self.agent_id})"
+
     async def start(self, sink: GatewaySink) -> None:
         """Prepare the workspace, join, and begin watching/polling it."""
         if self._loop_task is not None:

@@ -20,8 +20,9 @@ from adapters.base import ConfigError as TransportConfigError
 from gateway.app import Gateway
 from gateway.cli.state_cmds import config_from_args
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.defaults import DEFAULT_HTTP_PORT, OPERATOR, embedded_config
+from gateway.defaults import AINET_TRANSPORT, DEFAULT_HTTP_PORT, OPERATOR, embedded_config
 from gateway.demo import DemoError, run_demo
+from gateway.demo_ainet import FileAgent, with_auditor, workspace_of
 from gateway.logs import configure_logging
 from state.connection import EMBEDDED, BadRedisURL, embedded_folder
 
@@ -83,7 +84,7 @@ def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
     print(f"bpgw gateway '{cfg.gateway.name}' running (Ctrl-C to stop)")
     print(f"  state: {describe_state(gateway)}")
     for name, adapter in gateway.adapters.items():
-        url = getattr(adapter, "url", None)
+        url = getattr(adapter, "url", None) or getattr(adapter, "location", None)
         print(f"  transport {name}: {url or adapter.health().state}")
     if not gateway.adapters:
         print("  no transport is enabled: add a [transports.NAME] table (config.example.toml)")
@@ -94,6 +95,9 @@ def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
         for name, token in tokens.items():
             role = "operator" if name == OPERATOR else "agent"
             print(f"    {role:8} {name:12} {token}")
+        if AINET_TRANSPORT in gateway.adapters:
+            print("  AINET agents: write message files in the workspace's session/ or tasks/ "
+                  "folders; start a PRIVATE message with @Mantis to ask Mantis (docs/ainet.md)")
         print(f"  try: curl -s {base}/healthz")
         print(
             "       bpgw build request --from Lotbot --to Mantis --task 'check disk' | "
@@ -156,6 +160,7 @@ async def _demo(as_json: bool) -> int:
     config = config.model_copy(
         update={"state": config.state.model_copy(update={"namespace": f"demo-{data_dir.name}"})}
     )
+    config = with_auditor(config, AINET_TRANSPORT)
     gateway = Gateway(config)
     try:
         await gateway.start()
@@ -163,7 +168,10 @@ async def _demo(as_json: bool) -> int:
         say = (lambda _line: None) if as_json else print
         say(f"gateway up at {url}")
         say(f"state in {describe_state(gateway)} (removed when the demo ends)")
-        conv = await run_demo(url, tokens, tokens[OPERATOR], say)
+        auditor = FileAgent(workspace_of(gateway.adapters[AINET_TRANSPORT]))
+        await asyncio.to_thread(auditor.join)
+        say(f"AINET agent {auditor.id} joined {auditor.root}")
+        conv = await run_demo(url, tokens, tokens[OPERATOR], say, auditor)
     finally:
         await gateway.stop()
         with contextlib.suppress(OSError):
