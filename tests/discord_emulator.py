@@ -119,6 +119,7 @@ class DiscordEmulator:
         r.add_get("/api/v10/channels/{channel}", self._channel)
         r.add_get("/api/v10/channels/{channel}/messages", self._history)
         r.add_post("/api/v10/channels/{channel}/messages", self._create_message)
+        r.add_get("/api/v10/channels/{channel}/messages/{message}", self._get_message)
         r.add_put(
             "/api/v10/channels/{channel}/messages/{message}/reactions/{emoji}/@me", self._react
         )
@@ -379,6 +380,15 @@ class DiscordEmulator:
             page = [m for m in stored if int(m["id"]) < before][-limit:]
         return _json(list(reversed(page)))  # Discord answers newest first
 
+    async def _get_message(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        stored = self.messages.get(int(request.match_info["channel"]), [])
+        found = [m for m in stored if m["id"] == request.match_info["message"]]
+        if not found:
+            return _json({"message": "Unknown Message", "code": 10008}, 404)
+        return _json(found[0])
+
     async def _create_message(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return self._unauthorized()
@@ -401,6 +411,10 @@ class DiscordEmulator:
             return _json({"message": "Invalid Form Body", "code": 50035,
                           "errors": {"content": "Must be 2000 or fewer in length."}}, 400)
         reference = payload.get("message_reference")
+        if reference:  # Discord answers with string ids
+            reference = {"message_id": str(reference["message_id"]),
+                         "channel_id": str(reference.get("channel_id") or channel_id),
+                         "guild_id": str(self.guild_id)}
         attachments = [self._attachment(name, data) for name, data in files]
         message = self._message(channel_id, "bot", content, attachments, reference,
                                 payload.get("nonce"))

@@ -196,7 +196,12 @@ class Inbound:
         if cursor is None or not cursor.isdigit() or budget == 0:
             lane.behind = False  # nothing committed there yet: start from now
             return True
-        channel = self._client.get_partial_messageable(lane.channel_id)
+        # The cached channel when there is one: its messages carry guild and members.
+        cached = self._client.get_channel(lane.channel_id)
+        channel: discord.abc.Messageable = (
+            cached if isinstance(cached, discord.abc.Messageable)
+            else self._client.get_partial_messageable(lane.channel_id)
+        )
         after = discord.Object(int(cursor))
         while budget > 0:
             try:
@@ -312,7 +317,7 @@ class Inbound:
 
 def roles_of(user: discord.User | discord.Member) -> tuple[str, ...]:
     """A member's role ids and names (without @everyone), for ``role:`` permissions."""
-    if not isinstance(user, discord.Member):
-        return ()
+    if not isinstance(user, discord.Member) or getattr(user, "guild", None) is None:
+        return ()  # a user outside a guild, or a message from history without its member
     roles = [r for r in user.roles if not r.is_default()]
     return tuple([str(r.id) for r in roles] + [r.name for r in roles])

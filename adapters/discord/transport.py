@@ -168,9 +168,9 @@ class DiscordAdapter(Adapter):
         self._ready.clear()
         self._sessions = 0
         client = self._client = _Bot(self)
-        self._inbound = Inbound(self.name, self.settings, client, sink, self._react)
         try:
             await client.login(self._token)
+            self._inbound = Inbound(self.name, self.settings, client, sink, self._react)
             self._runner = asyncio.create_task(client.connect(reconnect=True))
             ready = asyncio.create_task(self._ready.wait())
             done, _ = await asyncio.wait(

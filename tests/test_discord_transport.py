@@ -1,0 +1,394 @@
+"""The discord transport end to end: the real discord.py client against the emulator
+(tests/discord_emulator.py), a real gateway on real Redis, a memory transport ``side``.
+
+``Peer`` is another bot in the emulated guild (bound to its Discord user id), ``Mantis``
+lives on ``side``; the emulated user ``op`` has the role Ops, which may run operator
+commands; ``visitor`` may only read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import discord
+import pytest
+import redis.asyncio as aioredis
+
+from adapters.base import Address, ConfigError, DeliveryError, HealthState, Outbound
+from adapters.discord import DiscordAdapter
+from adapters.discord.settings import load_settings
+from gateway.app import Gateway
+from protocol import build_request, parse, render, reply_response
+
+from discord_emulator import MESSAGE_CONTENT_INTENT, TOKEN, DiscordEmulator
+from gwkit import make_config, memory
+from harness_discord import discord_options, wait_up
+
+pytestmark = pytest.mark.asyncio
+
+EPHEMERAL = 1 << 6
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[DiscordEmulator]:
+    async with DiscordEmulator() as emu:
+        yield emu
+
+
+@pytest.fixture
+def start_gateway(
+    emulator: DiscordEmulator, redis_url: str, redis_client: aioredis.Redis, namespace: str,
+    tmp_path: Path,
+) -> Callable[..., Any]:
+    """``async with start_gateway() as gw``: a gateway with transport ``dc`` running."""
+
+    @asynccontextmanager
+    async def start(**options: Any) -> AsyncIterator[Gateway]:
+        general = emulator.channels["general"]
+        config = make_config(
+            redis_url, namespace, tmp_path,
+            transports={"dc": {"kind": "discord", **discord_options(emulator, **options)}},
+            agents={"Peer": {"addresses": [f"dc:{general}"],
+                             "identities": [f"dc:{emulator.uid('peer')}"]}},
+            permissions={"read": ["*"], "operators": ["role:dc:Ops"]},
+            outbox={"backoff_base_seconds": 0.05, "backoff_max_seconds": 0.2},
+            replicas={"lease_seconds": 2},
+        )
+        gateway = Gateway(config)
+        await gateway.start()
+        try:
+            await wait_up(gateway, "dc")
+            yield gateway
+        finally:
+            await gateway.stop()
+
+    return start
+
+
+def request_text(request_id: str, task: str = "check disk", sender: str = "Peer") -> str:
+    return render(build_request(sender=sender, to="Mantis", task=task, request_id=request_id))
+
+
+def response_to(request: str, sender: str, result: str) -> str:
+    """The RESPONSE block answering the block in ``request``."""
+    return render(reply_response(parse(request).messages[0], sender=sender, status="success",
+                                 result=result))
+
+
+def reaction(emulator: DiscordEmulator, message: dict[str, Any], emoji: str) -> bool:
+    return (int(message["channel_id"]), int(message["id"]), emoji) in emulator.reactions
+
+
+def replies_to(emulator: DiscordEmulator, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bot's messages replying to ``message``."""
+    return [
+        m for m in emulator.by_bot(int(message["channel_id"]))
+        if m.get("message_reference", {}).get("message_id") == message["id"]
+    ]
+
+
+# -- relaying, replies, reactions ------------------------------------------------------
+
+
+async def test_request_relayed_and_response_replied_in_the_thread(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        assert emulator.intents[-1] & MESSAGE_CONTENT_INTENT
+        side = memory(gw, "side")
+        asked = request_text("peer-1")
+        original = await emulator.post("peer", "please:\n" + asked, thread=True)
+        relayed = await side.wait_sent(lambda o: "peer-1" in o.text)
+        assert relayed.address.channel == "mantis-room"
+        assert await emulator.wait_for(lambda: reaction(emulator, original, "✅"))
+        conv = await gw.store.get("peer-1", with_history=False)
+        assert conv is not None
+        assert (conv.origin.channel, conv.origin.thread) == (
+            str(emulator.channels["general"]), str(emulator.thread))
+
+        response = response_to(asked, "Mantis", "sda is 40% full")
+        assert (await side.inject(response, author_id="u-mantis",
+                                  channel="mantis-room")).outcome == "accepted"
+        [reply] = await emulator.wait_for(lambda: replies_to(emulator, original))
+        assert int(reply["channel_id"]) == emulator.thread  # in the thread it started in
+        [got] = parse(reply["content"]).messages
+        assert got.request_id == "peer-1" and "40% full" in render(got)
+        # The bot's own post came back through the gateway socket and was dropped.
+        assert len([o for o in side.sent if "peer-1" in o.text]) == 1
+
+
+async def test_malformed_block_gets_an_error_reply_and_a_cross(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway():
+        broken = await emulator.post("peer", "```\n[REQUEST → @Mantis]\nTask: no sender\n```")
+        [reply] = await emulator.wait_for(lambda: replies_to(emulator, broken))
+        assert "From" in reply["content"]
+        assert await emulator.wait_for(lambda: reaction(emulator, broken, "❌"))
+        assert not reaction(emulator, broken, "✅")
+
+
+async def test_impersonation_by_another_bot_is_rejected(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        fake = await emulator.post("rogue", request_text("peer-fake", sender="Peer"))
+        [reply] = await emulator.wait_for(lambda: replies_to(emulator, fake))
+        assert "may not speak as @Peer" in reply["content"]
+        assert await emulator.wait_for(lambda: reaction(emulator, fake, "❌"))
+        assert await gw.store.get("peer-fake", with_history=False) is None
+        assert not [o for o in memory(gw, "side").sent if "peer-fake" in o.text]
+
+
+async def test_a_6000_character_response_is_attached_and_read_back_whole(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    general = emulator.channels["general"]
+    async with start_gateway() as gw:
+        side = memory(gw, "side")
+        asked = request_text("peer-big")
+        await emulator.post("peer", asked)
+        await side.wait_sent(lambda o: "peer-big" in o.text)
+        body = "\n".join(f"row {i}: " + "z" * 90 for i in range(60))
+        big = response_to(asked, "Mantis", body)
+        assert len(big) > 6000
+        await side.inject(big, author_id="u-mantis", channel="mantis-room")
+        posts = await emulator.wait_for(
+            lambda: [m for m in emulator.by_bot(general) if m["attachments"]])
+        [post] = posts
+        assert post["content"] == "[RESPONSE → @Peer]" and len(post["content"]) <= 2000
+        [attachment] = post["attachments"]
+        assert attachment["filename"] == "peer-big.txt"
+        stored = emulator.files[attachment["url"].rsplit("/", 1)[1]].decode()
+        assert [render(m) for m in parse(stored).messages] == [big]
+
+        # Read back: Peer answers a new request with a 6,000-character RESPONSE as a file.
+        wanted = render(build_request(sender="Mantis", to="Peer", task="send logs",
+                                      request_id="mantis-logs"))
+        await side.inject(wanted, author_id="u-mantis", channel="mantis-room")
+        logs = response_to(wanted, "Peer", body)
+        await emulator.post("peer", "[RESPONSE → @Mantis]", files=(("logs.txt", logs),))
+        got = await side.wait_sent(lambda o: "mantis-logs" in o.text and "row 59" in o.text)
+        assert [render(m) for m in parse(got.text).messages] == [logs]
+
+
+async def test_attachment_bounds_and_bare_blocks(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway(attachment_max_bytes=2048) as gw:
+        side = memory(gw, "side")
+        bare = request_text("peer-bare").removeprefix("```\n").removesuffix("\n```")
+        await emulator.post("peer", "see file", files=(("req.txt", bare),
+                                                       ("ignored.png", "not text")))
+        got = await side.wait_sent(lambda o: "peer-bare" in o.text)
+        assert parse(got.text).messages[0].request_id == "peer-bare"
+        huge = await emulator.post("peer", "big", files=(("big.txt", "x" * 5000),))
+        adapter = gw.adapters["dc"]
+        assert isinstance(adapter, DiscordAdapter)
+        inbound = adapter._inbound
+        assert inbound is not None
+        from_api = [m for m in emulator.messages[emulator.channels["general"]]
+                    if m["id"] == huge["id"]]
+        assert from_api  # the emulator kept it; the transport names the file it skipped
+        text = await inbound.text_of(
+            await adapter._client.get_partial_messageable(  # type: ignore[union-attr]
+                emulator.channels["general"]).fetch_message(int(huge["id"])))
+        assert "big.txt not read: 5000 bytes is over attachment_max_bytes 2048" in text
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+def answer(emulator: DiscordEmulator, token: str) -> dict[str, Any] | None:
+    return next((a for a in emulator.interaction_answers if a["token"] == token), None)
+
+
+async def test_protocol_command_synced_and_answered_with_embeds(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        [command] = emulator.synced[str(emulator.guild_id)]
+        assert command["name"] == "protocol"
+        assert {o["name"] for o in command["options"]} == {
+            "status", "show", "list", "agents", "cancel", "key", "help"}
+        show = next(o for o in command["options"] if o["name"] == "show")
+        assert show["options"][0]["name"] == "request_id" and show["options"][0]["required"]
+
+        await emulator.post("peer", request_text("peer-7"))
+        await memory(gw, "side").wait_sent(lambda o: "peer-7" in o.text)
+        token = await emulator.interact("visitor", "status")
+        status = await emulator.wait_for(lambda: answer(emulator, token))
+        assert status["type"] == 4 and not status["data"].get("flags", 0) & EPHEMERAL
+        [embed] = status["data"]["embeds"]
+        assert embed["title"] == "bot-protocol status"
+        fields = {f["name"]: f["value"] for f in embed["fields"]}
+        assert "connected: True" in fields["transport dc"]
+        assert "peer-7" in embed["description"]
+
+        token = await emulator.interact("visitor", "show", {"request_id": "peer-7"})
+        shown = await emulator.wait_for(lambda: answer(emulator, token))
+        assert "peer-7" in shown["data"]["embeds"][0]["title"]
+
+
+async def test_cancel_refused_ephemeral_for_a_non_operator_allowed_by_role(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        await emulator.post("peer", request_text("peer-9"))
+        await memory(gw, "side").wait_sent(lambda o: "peer-9" in o.text)
+        token = await emulator.interact("visitor", "cancel", {"request_id": "peer-9"})
+        refused = await emulator.wait_for(lambda: answer(emulator, token))
+        assert refused["data"]["flags"] & EPHEMERAL
+        assert "permission denied" in refused["data"]["embeds"][0]["title"]
+        conv = await gw.store.get("peer-9", with_history=False)
+        assert conv is not None and str(conv.status) == "open"
+
+        token = await emulator.interact("op", "cancel", {"request_id": "peer-9",
+                                                         "reason": "not needed"})
+        done = await emulator.wait_for(lambda: answer(emulator, token))
+        assert not done["data"].get("flags", 0) & EPHEMERAL
+        conv = await gw.store.get("peer-9", with_history=False)
+        assert conv is not None and str(conv.status) == "cancelled"
+
+
+async def test_text_commands_keep_working_with_roles(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway():
+        asked = await emulator.post("visitor", "/protocol help")
+        [reply] = await emulator.wait_for(lambda: replies_to(emulator, asked))
+        assert reply["content"].startswith("**bot-protocol gateway commands**")
+        denied = await emulator.post("visitor", "/protocol outbox")
+        [no] = await emulator.wait_for(lambda: replies_to(emulator, denied))
+        assert "permission denied" in no["content"]
+        allowed = await emulator.post("op", "/protocol outbox")
+        [yes] = await emulator.wait_for(lambda: replies_to(emulator, allowed))
+        assert "permission denied" not in yes["content"]
+
+
+# -- catch-up, resume ------------------------------------------------------------------
+
+
+async def test_messages_posted_while_down_are_caught_up_once_in_order(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        first = await emulator.post("peer", request_text("peer-c1"))
+        await memory(gw, "side").wait_sent(lambda o: "peer-c1" in o.text)
+        assert await emulator.wait_for(lambda: reaction(emulator, first, "✅"))
+    missed = [await emulator.post("peer", request_text(f"peer-c{n}")) for n in (2, 3, 4)]
+    await emulator.post("visitor", "just chat")
+    async with start_gateway() as gw:
+        side = memory(gw, "side")
+        for n in (2, 3, 4):
+            await side.wait_sent(lambda o, n=n: f"peer-c{n}" in o.text)
+        assert [o.text.split("RequestId: ")[1][:7] for o in side.sent] == [
+            "peer-c2", "peer-c3", "peer-c4"]  # in order, and c1 not again
+        for message in missed:
+            assert await emulator.wait_for(lambda m=message: reaction(emulator, m, "✅"))
+        for _ in range(250):  # the plain chat after them is read too
+            stats = gw.health()["transports"]["dc"]
+            if stats["caught_up"] >= 4:
+                break
+            await asyncio.sleep(0.02)
+        assert stats["caught_up"] == 4 and stats["reconnects"] == 0
+    ticks = [r for r in emulator.reactions if r[2] == "✅"]
+    assert len(ticks) == len(set(ticks)) == 4  # each message once
+
+
+async def test_dropped_websocket_resumes_and_nothing_is_lost_or_doubled(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        side = memory(gw, "side")
+        await emulator.post("peer", request_text("peer-r1"))
+        await side.wait_sent(lambda o: "peer-r1" in o.text)
+        await emulator.drop_connections()
+        for n in (2, 3):
+            await emulator.post("peer", request_text(f"peer-r{n}"))
+        for n in (2, 3):
+            await side.wait_sent(lambda o, n=n: f"peer-r{n}" in o.text, timeout=10)
+        assert emulator.resumes == 1 and emulator.identifies == 1
+        health = gw.health()["transports"]["dc"]
+        assert health["state"] == "up" and health["resumes"] == 1
+        assert sorted(o.text.split("RequestId: ")[1][:7] for o in side.sent) == [
+            "peer-r1", "peer-r2", "peer-r3"]
+
+
+# -- delivery errors, lifecycle, options, probe ----------------------------------------
+
+
+async def test_short_429_waited_out_by_the_library_long_one_to_the_outbox(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    general = emulator.channels["general"]
+    async with start_gateway() as gw:
+        adapter = gw.adapters["dc"]
+        emulator.rate_limit(general, 0.1)
+        receipt = await adapter.send(Outbound(Address("dc", str(general)), "after a wait"))
+        assert [m["id"] for m in emulator.by_bot(general)] == list(receipt.native_ids)
+        emulator.rate_limit(general, 120.0)
+        with pytest.raises(DeliveryError) as refused:
+            await adapter.send(Outbound(Address("dc", str(general)), "later"))
+        assert refused.value.code == "rate_limited" and refused.value.retry_after == 120.0
+        with pytest.raises(DeliveryError) as bad:
+            await adapter.send(Outbound(Address("dc", "general"), "x"))
+        assert bad.value.code == "bad_address"
+        with pytest.raises(DeliveryError) as unknown:
+            await adapter.send(Outbound(Address("dc", "12345"), "x"))
+        assert unknown.value.code == "not_found"
+
+
+async def test_stop_is_clean_and_a_second_session_can_start(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        adapter = gw.adapters["dc"]
+    assert adapter.health().state is HealthState.STANDBY  # the lease keeper released it
+    assert all(s.ws is None for s in emulator.sessions.values())  # no socket left open
+    async with start_gateway():
+        assert emulator.identifies == 2
+
+
+async def test_a_refused_token_leaves_the_transport_down(emulator: DiscordEmulator) -> None:
+    adapter = DiscordAdapter("dc", {**discord_options(emulator), "token": "x" * 30})
+    with pytest.raises(discord.LoginFailure):
+        await adapter.start(None)  # type: ignore[arg-type]
+    assert adapter.health().state is HealthState.DOWN
+    assert "token" in adapter.health().detail
+    await adapter.stop()
+
+
+async def test_probe_checks_the_token_and_the_intent(emulator: DiscordEmulator) -> None:
+    good = DiscordAdapter("dc", discord_options(emulator))
+    token, intent = await good.probe()
+    assert token.ok and "bot" in token.detail and intent.ok
+    assert ("GET", "/api/v10/users/@me") in emulator.requests
+    bad = DiscordAdapter("dc", {**discord_options(emulator), "token": "y" * 30})
+    [refused] = await bad.probe()
+    assert not refused.ok and "401" in refused.detail and refused.fix
+    emulator.app_flags = 0
+    _, missing = await good.probe()
+    assert not missing.ok and "Message Content Intent" in missing.fix
+    unreachable = DiscordAdapter("dc", {**discord_options(emulator),
+                                        "api_base_url": "http://127.0.0.1:9/api/v10"})
+    [down] = await unreachable.probe()
+    assert not down.ok and "cannot reach" in down.detail
+
+
+def test_options_name_the_key_and_the_token_comes_from_the_environment() -> None:
+    with pytest.raises(ConfigError, match=r"transports\.dc\.guilds"):
+        DiscordAdapter("dc", {"token": TOKEN, "guilds": ["general"]})
+    with pytest.raises(ConfigError, match=r"transports\.dc\.api_base_url"):
+        DiscordAdapter("dc", {"token": TOKEN, "api_base_url": "ftp://x"})
+    with pytest.raises(ConfigError, match="DISCORD_BOT_TOKEN"):
+        load_settings("dc", {}, environ={})
+    settings, token = load_settings("dc", {"token_env": "MY_BOT"}, environ={"MY_BOT": TOKEN})
+    assert token == TOKEN and settings.token is None
+    assert TOKEN not in repr(load_settings("dc", {"token": TOKEN})[0])
+    assert json.dumps(DiscordAdapter("dc", {"token": TOKEN}).stats())
