@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ import redis.asyncio as aioredis
 
 from adapters.base import Address, ConfigError, DeliveryError, HealthState, Outbound
 from adapters.discord import DiscordAdapter
-from adapters.discord.settings import load_settings
+from adapters.discord.settings import DiscordSettings, load_settings
 from gateway.app import Gateway
 from protocol import build_request, parse, render, reply_response
 
@@ -392,3 +393,12 @@ def test_options_name_the_key_and_the_token_comes_from_the_environment() -> None
     assert token == TOKEN and settings.token is None
     assert TOKEN not in repr(load_settings("dc", {"token": TOKEN})[0])
     assert json.dumps(DiscordAdapter("dc", {"token": TOKEN}).stats())
+
+
+def test_every_option_is_documented() -> None:
+    root = Path(__file__).resolve().parent.parent
+    example = (root / "config.example.toml").read_text(encoding="utf-8")
+    docs = (root / "docs" / "discord.md").read_text(encoding="utf-8")
+    for key in DiscordSettings.model_fields:
+        assert re.search(rf"^# {key} = ", example, re.M), f"{key} not in config.example.toml"
+        assert f"| `{key}` |" in docs, f"{key} not in docs/discord.md"
