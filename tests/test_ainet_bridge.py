@@ -4,6 +4,7 @@ from the v0.3 rules alone) on the same folder."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -12,23 +13,39 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+from adapters.base import Address, ConfigError, DeliveryError, Outbound, create_adapter
 from protocol import (
     MessageType,
     Status,
+    build_broadcast,
     build_request,
     parse,
     reply_clarify,
     reply_response,
 )
 
-from ainet_kit import ME, PEER, Chat, bridge_config, chat_and_bridge, eventually, ingested
+from ainet_kit import (
+    ME,
+    PEER,
+    Chat,
+    bridge,
+    bridge_config,
+    chat_and_bridge,
+    eventually,
+    ingested,
+)
 from ainet_peer import PlainAgent, conv, read_message
 from gwkit import running
 
 
 def _session(root: Path, name: str) -> Path:
     return root / "session" / name
+
+
+def _files(folder: Path, pattern: str) -> list[Path]:
+    return [p for p in folder.rglob(pattern) if p.is_file()]
 
 
 async def test_join_and_a_plain_private_request_answered_from_chat(
@@ -153,3 +170,198 @@ def test_bpgw_demo_includes_a_plain_ainet_agent(tmp_path: Path) -> None:
     assert re.search(r"Auditor -> SecurityBot answered in task-securitybot-[0-9a-f]+/"
                      r"002-Device-demo0001-Auditor\.txt", out), out
     assert "as the gateway tracked it: done" in out
+
+
+async def test_half_written_and_malformed_files(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    root = tmp_path / "shared"
+    config = bridge_config(redis_url, namespace, tmp_path, grace_period_seconds=0.6)
+    async with chat_and_bridge(config) as (_gw, chat):
+        peer = PlainAgent(root, PEER)
+        # Half written (a sync client still copying it): completed within the grace period.
+        text = peer.text(ME, "@Lotbot finish this sentence", kind="PRIVATE")
+        request = _session(root, f"{conv(PEER)}_to_{conv(ME)}_request.txt")
+        request.write_text(text[: len(text) // 2], encoding="utf-8")
+        await asyncio.sleep(0.3)
+        request.write_text(text, encoding="utf-8")
+        got = await chat.one()
+        assert got.task == "finish this sentence"  # type: ignore[union-attr]
+        error = _session(root, f"{conv(ME)}_to_{conv(PEER)}_response.txt")
+        assert not error.exists()
+
+        # Malformed for longer than the grace period: an error reply, the file kept.
+        broken = root / "tasks" / "task-x1" / "conversation" / f"001-{conv(PEER)}.txt"
+        broken.parent.mkdir(parents=True)
+        broken.write_text(f"=== Message ===\nFROM: {PEER}\nTO: {ME}\nTIME: yesterday\n"
+                          "【Content】\nhello\n【Status】PENDING\n", encoding="utf-8")
+        reply_path = broken.parent / f"002-{conv(ME)}.txt"
+        await eventually(reply_path.exists)
+        reply = read_message(reply_path)
+        assert reply["TO"] == PEER and "bad_time" in reply["Content"]
+        assert "tasks/task-x1/conversation/001-" in reply["Content"]
+        assert broken.exists()
+        # Not even an AINET file (no sender to answer): an error reply to everyone.
+        junk = _session(root, "notes.txt")
+        junk.write_bytes(b"\xff\xfe binary junk")
+        everyone = _session(root, f"{conv(ME)}_to_BROADCAST_response.txt")
+        await eventually(everyone.exists)
+        assert "not_utf8" in read_message(everyone)["Content"] and junk.exists()
+        # A plain request naming nobody: answered with how to fix it.
+        peer.next_turn("x2", ME, "no mention here")
+        fix = root / "tasks" / "task-x2" / "conversation" / f"002-{conv(ME)}.txt"
+        await eventually(fix.exists)
+        assert "@Name" in read_message(fix)["Content"]
+        assert await chat.receive(wait=0.2) == []
+
+
+async def test_hostile_names_never_leave_the_workspace(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    root = tmp_path / "shared"
+    config = bridge_config(redis_url, namespace, tmp_path, grace_period_seconds=0.3)
+    async with chat_and_bridge(config) as (gw, chat):
+        peer = PlainAgent(root, PEER)
+        # A RequestId that would climb out of tasks/: no task folder, the session file only.
+        sneaky = build_request(sender="Lotbot", to=PEER, task="escape?",
+                               request_id="lotbot-../../../escaped")
+        await chat.post(sneaky)
+        slot = _session(root, f"{conv(ME)}_to_{conv(PEER)}_request.txt")
+        await eventually(slot.exists)
+        assert parse(read_message(slot)["Content"]).messages == [sneaky]
+        assert not _files(tmp_path, "escaped*") and not _files(root / "tasks", "task-lotbot-*")
+        # A task folder whose name can't be written back to: the answer goes to session/.
+        odd = peer.next_turn("with space", ME, "@Lotbot odd folder")
+        asked = await chat.one()
+        await chat.post(reply_response(asked, sender="Lotbot", status="done", result="ok"))
+        answer = _session(root, f"{conv(ME)}_to_{conv(PEER)}_response.txt")
+        await eventually(answer.exists)
+        assert parse(read_message(answer)["Content"]).messages[0].request_id == asked.request_id
+        assert os.listdir(odd.parent) == [odd.name]
+        # A FROM that is a path: refused with an error reply, nothing written under it.
+        forged = _session(root, "evil_to_BROADCAST_broadcast.txt")
+        forged.write_text(PlainAgent(root, "../../etc/passwd").text(
+            "BROADCAST", "hi", kind="BROADCAST"), encoding="utf-8")
+        everyone = _session(root, f"{conv(ME)}_to_BROADCAST_response.txt")
+        await eventually(everyone.exists)
+        assert "bad_field" in read_message(everyone)["Content"]
+        # An agent address that is not an AINET id is a delivery error, not a file.
+        with pytest.raises(DeliveryError) as refused:
+            await bridge(gw).send(Outbound(Address("ainet", "../../etc"), "x",
+                                           recipient="Evil", id="1-0"))
+        assert refused.value.code == "bad_address"
+    # Outside the workspace the bridge wrote only its local state folder.
+    outside = set(_files(tmp_path, "*")) - set(_files(root, "*"))
+    assert outside <= set(_files(tmp_path / "bridge-state", "*")), outside
+
+
+async def test_broadcasts_are_written_once_and_never_echoed(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    root = tmp_path / "shared"
+    other = "Device-GHI789/智能体C"
+    config = bridge_config(redis_url, namespace, tmp_path, agents={PEER: "", other: ""})
+    async with chat_and_bridge(config) as (gw, chat):
+        peer = PlainAgent(root, PEER)
+        news = build_broadcast(sender="Lotbot", message="Deploy freeze at 18:00")
+        await chat.post(news)  # delivered to ainet:PEER and ainet:other: written once
+        folder = root / "tasks" / f"task-{news.request_id}" / "conversation"
+        await eventually(lambda: folder.is_dir() and os.listdir(folder))
+        await gw.drain()
+        [(_, turn)] = peer.conversation(news.request_id)
+        assert turn["TO"] == "BROADCAST" and "Deploy freeze" in turn["Content"]
+        # The join still holds the broadcast slot (nobody answered it): the broadcast waits
+        # in the spool, and takes the slot once an agent writes to the bridge.
+        slot = _session(root, f"{conv(ME)}_to_BROADCAST_broadcast.txt")
+        assert "has joined" in read_message(slot)["Content"]
+        # An agent's reply to the broadcast becomes a REQUEST to the broadcaster.
+        peer.next_turn(news.request_id, ME, "Noted, my deploy is done already.")
+        reply = await chat.one()
+        assert reply.type is MessageType.REQUEST and reply.to == "Lotbot"
+        assert reply.context == f"reply to BROADCAST {news.request_id}"  # type: ignore[union-attr]
+        peer.respond(ME, "Also noted in session/.")
+        await eventually(lambda: "Deploy freeze" in slot.read_text(encoding="utf-8"))
+        await chat.receive(wait=0.5)
+        # An AINET agent's own BROADCAST reaches chat but is not written back to the folder.
+        (root / "session" / f"{conv(PEER)}_to_BROADCAST_broadcast.txt").write_text(
+            peer.text("BROADCAST", "Lunch is served", kind="BROADCAST"), encoding="utf-8")
+        heard = await chat.one()
+        assert heard.is_broadcast and heard.sender == PEER
+        await gw.drain()
+        mine = [p for p in root.rglob("*.txt") if conv(ME) in p.name]
+        assert not [p for p in mine if "Lunch is served" in p.read_text(encoding="utf-8")]
+
+
+async def test_two_writers_race_for_the_next_turn_number(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    """The bridge's relays (through send) and a plain agent (open(..., 'x')) each create 500
+    turns in one conversation at once: 1,000 files, every message present exactly once."""
+    root = tmp_path / "shared"
+    async with chat_and_bridge(bridge_config(redis_url, namespace, tmp_path)) as (gw, _chat):
+        adapter = bridge(gw)
+        peer = PlainAgent(root, PEER)
+        third = "Device-XYZ999/other"  # the agent's turns are for someone else
+
+        def agent_writes() -> None:
+            for i in range(500):
+                peer.next_turn("race-1", third, f"agent {i}")
+
+        async def bridge_writes() -> None:
+            await asyncio.gather(*(adapter.send(Outbound(
+                Address("ainet", "mirror"), f"bridge {i}", request_id="race-1", id=f"{i}-0"))
+                for i in range(500)))
+
+        await asyncio.gather(asyncio.to_thread(agent_writes), bridge_writes())
+        turns = peer.conversation("race-1")
+    contents = sorted(m["Content"] for _, m in turns)
+    assert len(turns) == 1000
+    wanted = [f"agent {i}" for i in range(500)] + [f"bridge {i}" for i in range(500)]
+    assert contents == sorted(wanted)
+
+
+async def test_polling_and_watching(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    root = tmp_path / "shared"
+    polling = bridge_config(redis_url, namespace, tmp_path)
+    async with chat_and_bridge(polling) as (gw, chat):
+        assert bridge(gw).health().detail.startswith(f"polling {root.resolve()} as {ME}")
+        PlainAgent(root, PEER).request(ME, "@Lotbot polled")
+        assert (await chat.one()).task == "polled"  # type: ignore[union-attr]
+    # Watch mode with a poll interval far longer than the test: the event brings the file.
+    watching = bridge_config(redis_url, namespace, tmp_path, discovery="watch",
+                             poll_interval_seconds=600)
+    async with chat_and_bridge(watching) as (gw, chat):
+        assert bridge(gw).health().detail.startswith("watching")
+        PlainAgent(root, PEER).next_turn("w1", ME, "@Lotbot watched")
+        assert (await chat.one()).task == "watched"  # type: ignore[union-attr]
+        assert gw.health()["transports"]["ainet"]["state"] == "up"
+
+
+async def test_probe_owned_names_and_options(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    adapter = create_adapter("ainet", "ainet", {"workspace": str(shared),
+                                                "state_dir": str(tmp_path / "st"),
+                                                "agents": {PEER: "Reviewer"}})
+    [workspace, state, events] = await adapter.probe()
+    assert not workspace.ok and "not a folder" in workspace.detail and workspace.fix
+    assert state.ok and events.ok
+    shared.mkdir()
+    assert all(p.ok for p in await adapter.probe())
+    assert not list(shared.iterdir())  # the probe file is removed again
+    shared.chmod(0o500)
+    try:
+        if os.geteuid() != 0:  # root writes anywhere
+            assert not (await adapter.probe())[0].ok
+    finally:
+        shared.chmod(0o700)
+    [owned] = adapter.owned_names()
+    assert (owned.name, owned.identity, str(owned.address)) == (
+        "Reviewer", f"ainet:{PEER}", f"ainet:{PEER}")
+    for bad in ({"workspace": "x", "agents": {"no-slash": ""}},
+                {"workspace": "x", "agent_id": "../x/y"},
+                {"workspace": "x", "default_recipient": "has space"},
+                {"workspace": "x", "discovery": "sometimes"}):
+        with pytest.raises(ConfigError, match=r"transports\.ainet\."):
+            create_adapter("ainet", "ainet", bad)

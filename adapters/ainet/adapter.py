@@ -496,7 +496,12 @@ class AinetAdapter(Adapter):
                 return Receipt(())  # it was written in this folder: its agents saw it there
             async with self._broadcast_lock:
                 return await self._deliver(message, proto, None)
-        return await self._deliver(message, proto, _peer(message.address.channel))
+        peer = _peer(message.address.channel)
+        if peer is None and message.recipient is not None:
+            # Meant for one agent, but the address names no AINET agent id: a config error.
+            raise DeliveryError(f"{message.address} does not name an AINET agent id "
+                                "(<device>/<name>)", code="bad_address")
+        return await self._deliver(message, proto, peer)
 
     async def _deliver(self, message: Outbound, proto: Message | None, peer: str | None
                        ) -> Receipt:
