@@ -7,10 +7,13 @@ real pipeline, real Redis/Valkey state, real adapters (memory and, where asked, 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from adapters.base import Outbound, OutboundKind
 from adapters.memory import MemoryAdapter
@@ -75,3 +78,20 @@ def sent_to(
 def notice_containing(text: str) -> Callable[[Outbound], bool]:
     """Predicate for ``wait_sent``: a notice whose text contains ``text``."""
     return lambda o: o.kind is OutboundKind.NOTICE and text in o.text
+
+
+async def healthy(base: str, proc: asyncio.subprocess.Process, seconds: float = 30.0) -> bool:
+    """Wait until the gateway process ``proc`` answers ``base/healthz`` with 200; False
+    when it exits first or ``seconds`` pass."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    async with aiohttp.ClientSession() as http:
+        while proc.returncode is None and loop.time() < deadline:
+            try:
+                async with http.get(f"{base}/healthz") as resp:
+                    if resp.status == 200:
+                        return True
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    return False

@@ -19,6 +19,7 @@ from protocol import build_request, parse, render
 from state.settings import StateSettings
 from state.store import ConversationStore
 
+from gwkit import healthy
 from servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,15 +67,8 @@ async def _start(config: Path, base: str, http: aiohttp.ClientSession) -> Any:
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         env=env, cwd=config.parent,
     )
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                async with http.get(f"{base}/healthz") as resp:
-                    if resp.status == 200:
-                        return proc
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
+    assert await healthy(base, proc), "bpgw run never became healthy"
+    return proc
 
 
 async def test_kill_9_while_streaming_loses_and_doubles_nothing(
