@@ -393,6 +393,9 @@ class GatewaySink(Protocol):
         most): ``status`` is ``ok`` or ``degraded``, ``failing`` names the failing parts
         and ``parts`` lists every part as ``{"name", "ok", "detail"}``."""
 
+    async def metrics(self) -> tuple[bytes, str]:
+        """The gateway's metrics in the Prometheus text format, and their content type."""
+
     def cursors(self, transport: str) -> Cursors:
         """The shared catch-up cursors of ``transport`` (see ``Cursors``)."""
 

@@ -39,9 +39,10 @@ from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher
 from gateway.health import HealthProbe, Part
 from gateway.leases import LeaseKeeper
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, Reading
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
+from gateway.outbox_commands import outbox_status
 from gateway.pipeline import Pipeline
 from state.connection import RedisHandle, open_redis
 from state.cursors import CursorStore
@@ -56,6 +57,8 @@ log = logging.getLogger("bpgw.gateway")
 # How long an inbound claim stays "processing": longer than any pipeline run (commands
 # answer within 30 s at most); a replica that dies mid-message frees it after this.
 CLAIM_PROCESSING_SECONDS = 60.0
+# How long a metrics scrape waits for the state store before answering from memory.
+SCRAPE_READ_SECONDS = 2.0
 
 
 def conversation_to_dict(conv: Conversation) -> dict[str, Any]:
@@ -128,7 +131,9 @@ class Gateway:
         key_prefix = "{" + settings.namespace + "}"
         owned = [item for adapter in self.adapters.values() for item in adapter.owned_names()]
         directory = self._directory = AgentDirectory(cfg, redis, key_prefix, owned)
-        self._metrics = Metrics(redis, key_prefix)
+        self._metrics = Metrics(
+            redis, key_prefix, max_destinations=cfg.gateway.metrics_max_destinations
+        )
         self._claims = InboundClaims(
             redis,
             settings.namespace,
@@ -149,11 +154,14 @@ class Gateway:
             cfg.outbox,
             on_dead_letter=self._pipeline.on_dead_letter,
             replica=self.replica_id,
+            metrics=self._metrics,
+        )
+        self._sweeper = Sweeper(
+            self._store, self._pipeline.on_timeout, settings, on_run=self._metrics.swept
         )
         self._probe = HealthProbe(
             redis, outbox.keys.journal, stall_seconds=cfg.outbox.stall_seconds
         )
-        self._sweeper = Sweeper(self._store, self._pipeline.on_timeout, settings)
         self._sweeper.start()
         for name, adapter in self.adapters.items():
             adapter.use_redis(redis, settings.namespace)
@@ -415,6 +423,32 @@ class Gateway:
             "outcomes": dict(self._metrics.outcomes) if self._metrics else {},
         }
 
+    async def metrics(self) -> tuple[bytes, str]:
+        """This process's metrics in the Prometheus text format, and the content type."""
+        if self._metrics is None:
+            raise RuntimeError("gateway not started")
+        return await self._metrics.scrape(self._reading)
+
+    async def _reading(self) -> Reading:
+        """Shared state for a scrape: a few bounded reads (docs/observability.md)."""
+        assert self._metrics is not None
+        dispatcher = self._dispatcher
+        reading = Reading(
+            transports={name: a.health().state for name, a in self.adapters.items()},
+            dispatching=dispatcher is not None and dispatcher.holding,
+        )
+        try:
+            async with asyncio.timeout(SCRAPE_READ_SECONDS):
+                reading.conversations = await self.store.counts()
+                reading.outbox = await self.outbox.stats()
+        except (RedisError, OSError) as exc:  # the scrape still answers, from memory
+            # (a frozen store: TimeoutError, an OSError, after SCRAPE_READ_SECONDS)
+            log.warning("metrics: could not read the state store: %s", exc)
+            last = self._metrics.reading
+            reading.conversations, reading.outbox = last.conversations, last.outbox
+            reading.store_up = False
+        return reading
+
     # -- helpers for commands -------------------------------------------------------
 
     async def _status_extras(self) -> list[tuple[str, str]]:
@@ -444,28 +478,7 @@ class Gateway:
                 if (stats := a.stats())
             ),
             ("last sweep", sweep),
-            *await self._outbox_status(),
-        ]
-
-    async def _outbox_status(self) -> list[tuple[str, str]]:
-        assert self._outbox is not None
-        stats = await self._outbox.stats()
-        queued = sum(stats["queued"].values())
-        dead = stats["dead_letters"]
-        return [
-            (
-                "outbox",
-                f"{stats['journal']} to dispatch, {queued} awaiting retry"
-                + (
-                    " (" + ", ".join(f"{d}: {n}" for d, n in sorted(stats["queued"].items())) + ")"
-                    if queued
-                    else ""
-                ),
-            ),
-            (
-                "dead letters",
-                ", ".join(f"{d}: {n}" for d, n in sorted(dead.items())) or "none",
-            ),
+            *await outbox_status(self.outbox),
         ]
 
     async def _on_cancel(self, notice: CancelNotice) -> None:

@@ -59,9 +59,13 @@ class GatewaySection(_Section):
     name: str = "bpgw"
     data_dir: Path = Path(".bpgw")
     log_level: str = "INFO"
-    log_format: str = Field(default="json", pattern="^(json|text)$")
+    # auto: text on a terminal, JSON otherwise (docs/observability.md).
+    log_format: str = Field(default="auto", pattern="^(auto|json|text)$")
     command_prefix: str = "/protocol"
     command_timeout_seconds: float = Field(default=2.5, gt=0, le=30)
+    # Destinations (an agent's inbox, a channel) that get series of their own in
+    # /metrics; the others are counted under destination="other".
+    metrics_max_destinations: int = Field(default=50, ge=1, le=10_000)
     # Modules imported at start that register extra transport kinds (third-party adapters).
     adapter_modules: list[str] = Field(default_factory=list)
 

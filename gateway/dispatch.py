@@ -31,6 +31,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from adapters.base import Adapter, DeliveryError, Receipt
 from gateway.config import OutboxSection
+from gateway.metrics import Metrics
 from gateway.outbox import Item, Outbox, items_of
 from state.leases import Lease
 
@@ -62,6 +63,7 @@ class Dispatcher:
         *,
         on_dead_letter: Callable[[Item], Awaitable[None]],
         replica: str | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._outbox = outbox
         self._redis = outbox.redis
@@ -69,6 +71,7 @@ class Dispatcher:
         self._adapters = adapters
         self._s = settings
         self._on_dead = on_dead_letter
+        self._metrics = metrics
         self.replica = replica or uuid.uuid4().hex[:12]
         self._lease = Lease(self._redis, outbox.keys.namespace, "outbox", self.replica,
                             settings.lease_seconds)
@@ -313,7 +316,7 @@ class Dispatcher:
                 return Receipt(tuple(str(sent).split(",")) if sent else ())
         await self._pace(dest)
         try:
-            return await asyncio.wait_for(adapter.send(item.out), self._s.send_timeout_seconds)
+            receipt = await asyncio.wait_for(adapter.send(item.out), self._s.send_timeout_seconds)
         except DeliveryError as exc:
             return exc
         except TimeoutError:
@@ -321,6 +324,11 @@ class Dispatcher:
         except Exception as exc:  # an adapter bug must not stop the outbox
             log.exception("adapter raised while sending", extra=_extra(item))
             return exc
+        if self._metrics is not None:
+            # The journal entry id is the commit time (Redis' clock, in milliseconds).
+            committed = _id_key(item.entry_id)[0] / 1000
+            self._metrics.sent(item.out.address.transport, str(item.out.kind), committed)
+        return receipt
 
     async def _pace(self, dest: str) -> None:
         if self._s.rate_per_second <= 0:
@@ -337,6 +345,8 @@ class Dispatcher:
         hint = exc.retry_after if isinstance(exc, DeliveryError) else None
         code = exc.code if isinstance(exc, DeliveryError) else "delivery_failed"
         delay = self._delay(attempts, hint)
+        if self._metrics is not None and attempts < self._s.max_attempts:
+            self._metrics.retried(item.dest)
         log.warning("delivery to %s failed (attempt %d): %s", item.dest, attempts, exc,
                     extra=_extra(item))
         return replace(item, attempts=attempts, error=str(exc) or type(exc).__name__,
@@ -394,6 +404,8 @@ class Dispatcher:
                       maxlen=self._s.dead_letter_max, approximate=False)
             pipe.hincrby(self._keys.stats, f"dead:{dest}", 1)
             await pipe.execute()
+        if self._metrics is not None:
+            self._metrics.dead_lettered(dest)
         log.error("dead-lettered after %d attempt(s): %s", item.attempts, item.error,
                   extra=_extra(item))
         try:

@@ -1,4 +1,5 @@
-"""Structured logging: one JSON object per line, carrying RequestId and TraceId.
+"""Structured logging carrying RequestId and TraceId: one JSON object per line, or one
+readable ``key=value`` line per event on a terminal (``log_format``).
 
 Call sites pass context with ``extra=ids(msg)`` (or explicit keys); the formatter copies
 every known context key into the record it prints.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -41,13 +43,20 @@ def ids(msg: Any, **more: Any) -> dict[str, Any]:
     return extra
 
 
+def _timestamp(record: logging.LogRecord) -> str:
+    """The record's time in UTC, ISO 8601 with milliseconds."""
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        + f".{int(record.msecs):03d}Z"
+    )
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON line with its context keys."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": _timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -61,17 +70,51 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+# Control characters (ESC included) and line separators, escaped so text from outside (a
+# name, a reason quoting a message) can neither start a forged log line nor drive the
+# terminal.
+_ESCAPES = {
+    c: f"\\x{c:02x}" for c in (*range(32), 127, 0x85)
+} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+_PLAIN_VALUE = re.compile(r"[^\s\"=\\]+")
+
+
+def _printable(text: str) -> str:
+    return text.translate(_ESCAPES)
+
+
+def _value(value: Any) -> str:
+    """A ``key=value`` value: bare when plain, else JSON-quoted (escapes included)."""
+    text = str(value)
+    if _PLAIN_VALUE.fullmatch(text) and text.isprintable():
+        return text
+    return json.dumps(text, ensure_ascii=False).translate(_ESCAPES)
+
+
 class TextFormatter(logging.Formatter):
-    """Human-readable lines with the context keys appended as ``key=value``."""
+    """One line per event for a terminal: ``time level logger message key=value ...``.
+
+    The context keys (RequestId and TraceId first) follow the message; values with
+    spaces, quotes or control characters are JSON-quoted. A traceback follows on
+    indented lines, so every line starting at column 0 is one event.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        base = f"{record.levelname.lower():7} {record.name}: {record.getMessage()}"
-        context = " ".join(
-            f"{k}={record.__dict__[k]}" for k in CONTEXT_KEYS if record.__dict__.get(k) is not None
+        parts = [
+            _timestamp(record),
+            f"{record.levelname:<7}",
+            record.name,
+            _printable(record.getMessage()),
+        ]
+        parts.extend(
+            f"{k}={_value(record.__dict__[k])}"
+            for k in CONTEXT_KEYS
+            if record.__dict__.get(k) is not None
         )
-        text = f"{base} {context}".rstrip()
+        text = " ".join(parts)
         if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
+            trace = self.formatException(record.exc_info)
+            text += "".join(f"\n    {_printable(line)}" for line in trace.splitlines())
         return text
 
 
@@ -98,10 +141,12 @@ class ClientErrorFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     """Send the ``bpgw`` loggers (and ``LIBRARY_LOGGERS``) to standard error in the
-    chosen format."""
+    chosen format: ``json``, ``text``, or ``auto`` (text on a terminal, else JSON)."""
     handler = logging.StreamHandler(sys.stderr)
+    if fmt == "auto":
+        fmt = "text" if sys.stderr.isatty() else "json"
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ClientErrorFilter())
     root = logging.getLogger("bpgw")

@@ -26,6 +26,9 @@ log = logging.getLogger("bpgw.gateway.outbox")
 
 _to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
+STATS_MAX_DESTINATIONS = 1000
+"""Destinations ``Outbox.stats`` reads at most (status, health and metrics stay bounded)."""
+
 Delivery = tuple[str, str, str, str, str]
 """One destination of a journal entry: transport, channel, thread, recipient, reply_to."""
 
@@ -286,16 +289,23 @@ class Outbox:
 
     # -- stats and dead letters ----------------------------------------------------------
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, max_destinations: int = STATS_MAX_DESTINATIONS) -> dict[str, Any]:
         """Depth and dead letters, for status, health and metrics.
 
         ``journal`` entries not yet dispatched; ``queued`` deliveries awaiting a retry
         per destination; ``dead_letters`` kept per destination; ``dead_lettered`` ever
-        counted per destination; ``blocked`` destinations with the reason.
+        counted per destination; ``blocked`` destinations with the reason;
+        ``destinations`` how many have a queue or dead letters. At most
+        ``max_destinations`` of them are read (bounded work however many there are).
         """
         k = self.keys
-        dests = sorted(_text(d) for d in await self.redis.smembers(k.dests))
+        dests: set[str] = set()
+        async for d in self.redis.sscan_iter(k.dests, count=min(max_destinations, 1000)):
+            dests.add(_text(d))
+            if len(dests) >= max_destinations:
+                break
         async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.scard(k.dests)
             pipe.xlen(k.journal)
             pipe.hgetall(k.stats)
             pipe.hgetall(k.blocked)
@@ -303,11 +313,11 @@ class Outbox:
                 pipe.llen(k.queue(d))
                 pipe.xlen(k.dead(d))
             raw = await pipe.execute()
-        journal, counters, blocked = int(raw[0]), raw[1], raw[2]
+        total, journal, counters, blocked = int(raw[0]), int(raw[1]), raw[2], raw[3]
         queued: dict[str, int] = {}
         dead: dict[str, int] = {}
         for i, d in enumerate(dests):
-            q, dl = int(raw[3 + 2 * i]), int(raw[4 + 2 * i])
+            q, dl = int(raw[4 + 2 * i]), int(raw[5 + 2 * i])
             if q:
                 queued[d] = q
             if dl:
@@ -319,6 +329,7 @@ class Outbox:
         }
         return {
             "journal": journal,
+            "destinations": total,
             "queued": queued,
             "dead_letters": dead,
             "dead_lettered": ever,

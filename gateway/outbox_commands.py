@@ -50,6 +50,30 @@ async def outbox_command(outbox: Outbox, args: Sequence[str]) -> CommandResult:
     return CommandResult(title=f"usage: {USAGE}", ok=False)
 
 
+STATUS_DESTINATIONS = 10
+"""Destinations ``outbox_status`` names (the largest); the rest are summed."""
+
+
+def _largest(per_dest: dict[str, int]) -> str:
+    """``dest: n, ...`` of the largest ``STATUS_DESTINATIONS``, then how many more."""
+    ranked = sorted(per_dest.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{d}: {n}" for d, n in ranked[:STATUS_DESTINATIONS])
+    rest = ranked[STATUS_DESTINATIONS:]
+    if rest:
+        shown += f" and {sum(n for _, n in rest)} more at {len(rest)} other destination(s)"
+    return shown
+
+
+async def outbox_status(outbox: Outbox) -> list[tuple[str, str]]:
+    """The outbox lines of ``/protocol status`` and ``bpgw status``: depth, dead letters."""
+    stats = await outbox.stats()
+    queued = sum(stats["queued"].values())
+    depth = f"{stats['journal']} to dispatch, {queued} awaiting retry"
+    if queued:
+        depth += f" ({_largest(stats['queued'])})"
+    return [("outbox", depth), ("dead letters", _largest(stats["dead_letters"]) or "none")]
+
+
 async def _list(outbox: Outbox, dest: str | None) -> CommandResult:
     stats = await outbox.stats()
     letters = await outbox.dead_letters(dest, limit=LIST_LIMIT)

@@ -94,12 +94,15 @@ class Pipeline:
 
     async def handle(self, env: Envelope) -> Disposition:
         """Run one inbound envelope through the pipeline."""
+        metrics = self._metrics
         if await self.is_own(env):
+            metrics.received(env.transport, "echo")
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )
         command = parse_command(env.text, self._config.gateway.command_prefix)
         if command is not None:
+            metrics.received(env.transport, "command")
             result = await self.command(
                 CommandRequest(
                     env.transport,
@@ -117,9 +120,14 @@ class Pipeline:
             return self._count(Disposition("command", result.title))
         parsed = parse(env.text, max_block_bytes=self._config.policy.max_block_bytes)
         if not parsed.found_block:
+            metrics.received(env.transport, "chat")
             return self._count(Disposition("ignored", "no protocol block"))
+        for msg in parsed.messages:
+            metrics.received(env.transport, str(msg.type))
         results: list[Disposition] = []
         if parsed.errors:
+            metrics.received(env.transport, "malformed")
+            metrics.parse_errors(e.code for e in parsed.errors)
             log.info(
                 "malformed protocol block",
                 extra={

@@ -24,6 +24,10 @@ STOP_WAIT_SECONDS = 10.0
 """How long ``stop`` lets a sweep or purge in progress finish before cancelling it."""
 
 
+RunObserver = Callable[[str, int, float, "str | None"], None]
+"""Told of each run: job (``timeout`` or ``purge``), items, seconds, error or None."""
+
+
 @dataclass(frozen=True)
 class SweepReport:
     """What one sweep did; ``error`` says why it stopped early (Redis down, ...)."""
@@ -43,10 +47,11 @@ class Sweeper:
 
     def __init__(self, store: ConversationStore,
                  on_timeout: Callable[[Conversation], Awaitable[None]],
-                 settings: StateSettings) -> None:
+                 settings: StateSettings, *, on_run: RunObserver | None = None) -> None:
         self.store = store
         self.on_timeout = on_timeout
         self.settings = settings
+        self.on_run = on_run
         self.last_report: SweepReport | None = None
         self._scheduler: Any = None
         # The sweep or purge in progress, per job. The scheduler only starts these tasks:
@@ -101,7 +106,7 @@ class Sweeper:
                 await self._notify(conv)
             return len(batch)
 
-        claimed, error = await self._batches(step, "timeout sweep")
+        claimed, error = await self._batches(step, "timeout")
         return self._report(SweepReport(claimed=claimed, purged=0, at=at, error=error))
 
     async def purge(self, now: float | None = None) -> SweepReport:
@@ -116,8 +121,13 @@ class Sweeper:
 
     async def _batches(self, step: Callable[[], Awaitable[int]], what: str
                        ) -> tuple[int, str | None]:
-        """Run ``step`` until a short batch; a Redis outage is logged and reported."""
+        """Run ``step`` until a short batch; a Redis outage is logged and reported.
+
+        ``what`` (``timeout`` or ``purge``) names the run for ``on_run``.
+        """
         done = 0
+        error: str | None = None
+        started = time.monotonic()
         try:
             for _ in range(MAX_BATCHES_PER_SWEEP):
                 count = await step()
@@ -126,9 +136,10 @@ class Sweeper:
                     break
         except Exception as exc:  # Redis outage: log, report, retry next interval
             error = f"{type(exc).__name__}: {exc}"
-            log.warning("%s failed after %d items, will retry: %s", what, done, error)
-            return done, error
-        return done, None
+            log.warning("%s run failed after %d items, will retry: %s", what, done, error)
+        if self.on_run is not None:
+            self.on_run(what, done, time.monotonic() - started, error)
+        return done, error
 
     async def run_once(self, now: float | None = None) -> SweepReport:
         """One sweep and one purge, now; the combined report."""

@@ -28,7 +28,7 @@ from adapters.base import (
     OwnedName,
     Receipt,
 )
-from adapters.http.auth import Caller, TokenAuth
+from adapters.http.auth import Caller, MetricsAccess, TokenAuth
 from adapters.http.inbox import ACK_ID, Inboxes, InboxFull, InboxMessage
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
@@ -100,6 +100,9 @@ class HttpAdapter(Adapter):
         super().__init__(name)
         self.settings = load_options(HttpSettings, name, options)
         self._auth = TokenAuth(self.settings.tokens, self.settings.operator_tokens)
+        self._metrics_access = MetricsAccess(
+            self.settings.metrics_token, self._auth, self.settings.host
+        )
         self._inboxes_store: Inboxes | None = None
         self._sink: GatewaySink | None = None
         self._runner: web.AppRunner | None = None
@@ -127,6 +130,7 @@ class HttpAdapter(Adapter):
         app.router.add_get("/v1/conversations", self._list_conversations)
         app.router.add_get("/v1/conversations/{request_id}", self._get_conversation)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
         return app
 
     def use_redis(self, redis: Any, namespace: str) -> None:
@@ -365,3 +369,13 @@ class HttpAdapter(Adapter):
             return web.json_response(health)
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         return web.json_response(health, status=503, headers=headers)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self._metrics_access.allows(request.headers.get("Authorization")):
+            raise ApiError(
+                401,
+                "the metrics need the metrics_token or an operator token",
+                headers={"WWW-Authenticate": 'Bearer realm="bpgw"'},
+            )
+        body, content_type = await self.sink.metrics()
+        return web.Response(body=body, headers={"Content-Type": content_type})

@@ -25,6 +25,9 @@ class HttpSettings(BaseModel):
     inbox_visibility_seconds: float = Field(default=30.0, gt=0, le=86400, allow_inf_nan=False)
     long_poll_max_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     long_poll_max_waiters: int = Field(default=256, ge=1, le=100_000)
+    # Bearer token for GET /metrics (docs/observability.md); operator tokens work too.
+    # Unset: open on a loopback-only server, operator tokens only otherwise.
+    metrics_token: Token | None = None
 
     @field_validator("tokens", "operator_tokens")
     @classmethod
@@ -39,3 +42,11 @@ class HttpSettings(BaseModel):
                 )
             seen[token] = who
         return mapping
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _own_metrics_token(cls, token: str | None, info: ValidationInfo) -> str | None:
+        """An agent's token must not unlock the metrics by accident."""
+        if token is not None and token in info.data.get("tokens", {}).values():
+            raise ValueError("reuses an agent's token; give the metrics a token of their own")
+        return token

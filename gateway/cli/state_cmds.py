@@ -16,6 +16,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.outbox import Outbox
+from gateway.outbox_commands import outbox_status
 from state.connection import EMBEDDED, BadRedisURL, RedisHandle, embedded_folder, open_redis
 from state.records import Conversation
 from state.settings import StateSettings
@@ -123,16 +125,21 @@ def _print_json(data: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Counts by status, the oldest open conversations and the load per agent."""
-    async def body(store: ConversationStore, _: StateSettings) -> int:
+    """Counts by status, outbox depth and dead letters, the oldest open conversations and
+    the load per agent."""
+    async def body(store: ConversationStore, settings: StateSettings) -> int:
         now = time.time()
         counts = await store.counts()
         oldest = [_summary(c, now) for c in await store.oldest_open(args.limit)]
         load = await store.load_by_agent(args.limit)
+        outbox = Outbox(store.redis, settings.namespace)
         if args.json:
-            _print_json({"counts": counts, "oldest_open": oldest, "load_by_agent": load})
+            _print_json({"counts": counts, "oldest_open": oldest, "load_by_agent": load,
+                         "outbox": await outbox.stats()})
             return 0
         print("conversations: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        for name, line in await outbox_status(outbox):
+            print(f"{name}: {line}")
         print("oldest open:")
         for row in oldest:
             print(f"  {row['request_id']}  {row['status']:<10}  {row['age_seconds']:>9.0f}s"
