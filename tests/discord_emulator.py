@@ -95,7 +95,8 @@ class DiscordEmulator:
         self.reactions: list[tuple[int, int, str]] = []
         self.interaction_answers: list[dict[str, Any]] = []
         self.synced: dict[str, list[dict[str, Any]]] = {}
-        self.rate_limits: dict[int, list[float]] = {}
+        self.rate_limits: dict[int, list[float | None]] = {}
+        self.refuse_resume = False
         self.sessions: dict[str, Session] = {}
         self.identifies = 0
         self.resumes = 0
@@ -299,8 +300,9 @@ class DiscordEmulator:
             if ws is not None and not ws.closed:
                 await ws.close(code=code, message=b"dropped by the emulator")
 
-    def rate_limit(self, channel: int, *retry_after: float) -> None:
-        """Answer the next posts into ``channel`` with 429, one per ``retry_after``."""
+    def rate_limit(self, channel: int, *retry_after: float | None) -> None:
+        """Answer the next posts into ``channel`` with 429, one per ``retry_after``
+        (None: that post goes through)."""
         self.rate_limits.setdefault(channel, []).extend(retry_after)
 
     def by_bot(self, channel_id: int) -> list[dict[str, Any]]:
@@ -396,8 +398,8 @@ class DiscordEmulator:
         if not self._known_channel(channel_id):
             return _json({"message": "Unknown Channel", "code": 10003}, 404)
         waits = self.rate_limits.get(channel_id)
-        if waits:
-            retry_after = waits.pop(0)
+        retry_after = waits.pop(0) if waits else None
+        if retry_after is not None:
             return _json(
                 {"message": "You are being rate limited.", "retry_after": retry_after,
                  "global": False},
@@ -518,7 +520,8 @@ class DiscordEmulator:
 
     async def _resume(self, ws: web.WebSocketResponse, data: dict[str, Any]) -> Session | None:
         session = self.sessions.get(data.get("session_id", ""))
-        if session is None or session.ended or data.get("token") != TOKEN:
+        if (session is None or session.ended or self.refuse_resume
+                or data.get("token") != TOKEN):
             await ws.send_str(json.dumps({"op": 9, "d": False}))
             return None
         self.resumes += 1

@@ -49,7 +49,7 @@ def start_gateway(
     """``async with start_gateway() as gw``: a gateway with transport ``dc`` running."""
 
     @asynccontextmanager
-    async def start(**options: Any) -> AsyncIterator[Gateway]:
+    async def start(*, wait: bool = True, **options: Any) -> AsyncIterator[Gateway]:
         general = emulator.channels["general"]
         config = make_config(
             redis_url, namespace, tmp_path,
@@ -63,7 +63,8 @@ def start_gateway(
         gateway = Gateway(config)
         await gateway.start()
         try:
-            await wait_up(gateway, "dc")
+            if wait:
+                await wait_up(gateway, "dc")
             yield gateway
         finally:
             await gateway.stop()
@@ -321,6 +322,62 @@ async def test_dropped_websocket_resumes_and_nothing_is_lost_or_doubled(
             "peer-r1", "peer-r2", "peer-r3"]
 
 
+async def test_a_reconnect_that_cannot_resume_catches_up_from_history(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        side = memory(gw, "side")
+        await emulator.post("peer", request_text("peer-n1"))
+        await side.wait_sent(lambda o: "peer-n1" in o.text)
+        emulator.refuse_resume = True  # the session is gone: a new one starts
+        await emulator.drop_connections()
+        missed = await emulator.post("peer", request_text("peer-n2"))
+        got = await side.wait_sent(lambda o: "peer-n2" in o.text, timeout=10)
+        assert got.address.channel == "mantis-room"
+        assert await emulator.wait_for(lambda: reaction(emulator, missed, "✅"))
+        assert emulator.identifies == 2 and emulator.resumes == 0
+        health = gw.health()["transports"]["dc"]
+        assert health["reconnects"] == 1 and health["caught_up"] >= 1
+        assert [o.text.count("peer-n") for o in side.sent] == [1, 1]
+
+
+async def test_one_gateway_session_per_token_across_replicas(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as first:
+        async with start_gateway(wait=False) as second:
+            await asyncio.sleep(0.6)  # three lease attempts of the second replica
+            assert second.adapters["dc"].health().state is HealthState.STANDBY
+            assert emulator.identifies == 1
+            assert len([s for s in emulator.sessions.values() if s.ws is not None]) == 1
+            await first.stop()  # releases the lease: the standby takes over at once
+            await wait_up(second, "dc")
+            assert emulator.identifies == 2
+            assert len([s for s in emulator.sessions.values() if s.ws is not None]) == 1
+            await emulator.post("peer", request_text("peer-l1"))
+            await memory(second, "side").wait_sent(lambda o: "peer-l1" in o.text)
+
+
+async def test_health_reports_latency_and_events(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    emulator.heartbeat_ms = 100
+    async with start_gateway() as gw:
+        await emulator.post("visitor", "hello")
+        for _ in range(250):
+            stats = gw.health()["transports"]["dc"]
+            if stats["latency_ms"] is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert stats["state"] == "up" and stats["connected"] is True
+        assert stats["latency_ms"] is not None and stats["latency_ms"] >= 0
+        assert stats["last_event_seconds_ago"] is not None
+        assert stats["commands"] == "1 guild(s)"
+        status = await memory(gw, "chat").command("status", author_id="op")
+        [line] = [v for k, v in status.fields if k == "transport dc"]
+        assert "latency_ms" in line and "resumes: 0" in line
+
+
 # -- delivery errors, lifecycle, options, probe ----------------------------------------
 
 
@@ -343,6 +400,24 @@ async def test_short_429_waited_out_by_the_library_long_one_to_the_outbox(
         with pytest.raises(DeliveryError) as unknown:
             await adapter.send(Outbound(Address("dc", "12345"), "x"))
         assert unknown.value.code == "not_found"
+
+
+async def test_a_retried_message_does_not_post_its_parts_twice(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    general = emulator.channels["general"]
+    text = "\n".join(f"line {i} " + "w" * 90 for i in range(50))  # three messages
+    out = Outbound(Address("dc", str(general)), text, id="1700000000000-1")
+    async with start_gateway() as gw:
+        adapter = gw.adapters["dc"]
+        emulator.rate_limit(general, None, 120.0)  # the second part is refused
+        with pytest.raises(DeliveryError):
+            await adapter.send(out)
+        assert len(emulator.by_bot(general)) == 1
+        receipt = await adapter.send(out)  # the outbox's retry
+        posted = emulator.by_bot(general)
+        assert [m["id"] for m in posted] == list(receipt.native_ids) and len(posted) == 3
+        assert "".join(m["content"] for m in posted) == text
 
 
 async def test_stop_is_clean_and_a_second_session_can_start(

@@ -240,12 +240,12 @@ class DiscordAdapter(Adapter):
             self._sessions += 1
             if self._sessions > 1:
                 self.reconnects += 1
-        self.set_health(HealthState.UP, f"connected as {client.user}")
         if not resumed:
             if self._sessions == 1:
                 await self._sync_commands(client)
             # A new session missed whatever was posted since the cursors.
             await inbound.catch_up_all()
+        self.set_health(HealthState.UP, f"connected as {client.user}")
         self._ready.set()
 
     def on_disconnect(self) -> None:
