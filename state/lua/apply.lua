@@ -15,7 +15,7 @@
 -- {1 when this message tripped a budget else 0, milliseconds until it lets messages pass}.
 -- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD + one ZADD per party (2); any
 -- later step is GET + SET plus only the indices that change (see reindex in common.lua)
--- and a ZADD for a new party; the loop guard adds a GET and a SET per budget key.
+-- and a ZADD for a new party; the loop guard adds an MGET of its keys and a SET per key.
 local key = KEYS[1]
 local a = cjson.decode(ARGV[2])
 local typ, id, from, to = a[1], a[2], a[3], a[4]
@@ -64,8 +64,9 @@ local function budgets()
   g = cjson.decode(g)
   local limit, window, cooldown = g[1], g[2], g[3]
   local guard = {states = {}, tripped = {}, window = window, cooldown = cooldown}
+  local raws = redis.call('MGET', unpack(KEYS, 3))
   for i = 3, #KEYS do
-    local raw = redis.call('GET', KEYS[i])
+    local raw = raws[i - 2]
     local s = raw and cjson.decode(raw)
     local v
     if s and s[1] > now then
