@@ -39,7 +39,7 @@ from protocol import (
     name_key,
     parse,
     render,
-    verify,
+    signature_problem,
 )
 from protocol.ids import new_request_id
 from state.records import Conversation, ConvStatus, Origin, Outcome
@@ -342,8 +342,11 @@ class Pipeline:
                 return _Rejection(
                     "signature", f"@{msg.sender} must sign its messages (Signature field missing)"
                 )
-            if not verify(msg, key):
-                return _Rejection("signature", f"the Signature does not verify for @{msg.sender}")
+            problem = signature_problem(msg, key)
+            if problem is not None:
+                return _Rejection(
+                    "signature", f"the Signature does not verify for @{msg.sender}: {problem}"
+                )
         if msg.type in _OPENERS:
             owner = await self._directory.request_id_owner(msg.request_id, msg.sender)
             if owner is not None:

@@ -50,6 +50,7 @@ from protocol.signing import (
     load_public_key,
     public_key_id,
     sign,
+    signature_problem,
     verify,
 )
 from protocol.values import parse_depth, parse_priority, parse_status
@@ -107,6 +108,7 @@ __all__ = [
     "reply_response",
     "result_to_dict",
     "sign",
+    "signature_problem",
     "skeleton",
     "sub_request",
     "verify",

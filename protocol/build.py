@@ -77,8 +77,9 @@ def _make(cls: type[_M], values: dict[str, Any]) -> _M:
 def _conversation_id(request_id: str | None, kind: str) -> str:
     if request_id is None:
         raise BuildError(
-            f"a {kind} belongs to a conversation: pass the request_id it answers "
-            "(or use a reply helper)"
+            f"a {kind} belongs to a conversation: pass request_id= (the RequestId it "
+            "answers), or build it from the message with reply_response, reply_clarify or "
+            "reply_handoff"
         )
     return request_id
 

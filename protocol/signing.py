@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,6 +22,8 @@ from protocol.models import Message, MessageBase, check_token
 from protocol.render import render_body
 
 SIGNATURE_PREFIX = "ed25519:"
+# What `public_key_id` makes: 16 lower-case hex digits.
+_DEFAULT_KEY_ID = re.compile(r"[0-9a-f]{16}")
 PrivateKeyLike = Ed25519PrivateKey | bytes | str
 PublicKeyLike = Ed25519PublicKey | bytes | str
 _K = TypeVar("_K", Ed25519PrivateKey, Ed25519PublicKey)
@@ -125,12 +128,42 @@ def sign(
 
 def verify(msg: Message | MessageBase, public_key: PublicKeyLike) -> bool:
     """True when ``msg`` carries a valid Ed25519 signature by ``public_key``; never raises."""
+    return signature_problem(msg, public_key) is None
+
+
+def signature_problem(msg: Message | MessageBase, public_key: PublicKeyLike) -> str | None:
+    """Why ``msg`` does not verify with ``public_key``, in a short phrase; None when it does.
+
+    An Ed25519 signature does not say which key made it, so "the text changed" and
+    "another key signed it" are told apart by the KeyId: when the message names this
+    key's default KeyId (`public_key_id`) the key is right and the text changed; when it
+    names another default KeyId, another key signed it. A KeyId chosen by hand can't
+    tell, and the answer says both.
+    """
     signature = msg.signature
-    if not signature or not signature.startswith(SIGNATURE_PREFIX):
-        return False
+    if not signature:
+        return "not signed (no Signature field)"
+    if not signature.startswith(SIGNATURE_PREFIX):
+        return f"the Signature does not start with {SIGNATURE_PREFIX}"
     try:
         key = load_public_key(public_key)
-        key.verify(_unb64url(signature[len(SIGNATURE_PREFIX) :]), canonical_bytes(msg))
-    except (InvalidSignature, ValueError, TypeError, binascii.Error, UnicodeError):
-        return False
-    return True
+        raw = _unb64url(signature[len(SIGNATURE_PREFIX) :])
+    except (ValueError, TypeError, binascii.Error, UnicodeError) as exc:
+        return f"the Signature or key can not be read: {exc}"
+    if len(raw) != 64:
+        return f"the Signature holds {len(raw)} bytes, not the 64 of an Ed25519 signature"
+    try:
+        key.verify(raw, canonical_bytes(msg))
+    except InvalidSignature:
+        pass
+    except (ValueError, TypeError, UnicodeError) as exc:
+        return f"the message can not be checked: {exc}"
+    else:
+        return None
+    own_id = public_key_id(key)
+    if msg.key_id == own_id:
+        return f"the text changed after it was signed (KeyId {own_id} is this key)"
+    if msg.key_id and _DEFAULT_KEY_ID.fullmatch(msg.key_id):
+        return f"wrong key: signed with key {msg.key_id}, and this key is {own_id}"
+    return (f"the text changed after it was signed, or another key signed it "
+            f"(KeyId {msg.key_id or '-'}; this key's default KeyId is {own_id})")

@@ -19,6 +19,7 @@ from protocol import (
     render,
     render_body,
     sign,
+    signature_problem,
     verify,
 )
 
@@ -136,3 +137,28 @@ def test_resigning_replaces_signature(keys: tuple[bytes, bytes]) -> None:
     twice = sign(sign(msg, private_pem, key_id="k1"), other_private, key_id="k2")
     assert twice.key_id == "k2"
     assert verify(twice, other_public) and not verify(twice, public_pem)
+
+
+def test_signature_problem_says_why(keys: tuple[bytes, bytes]) -> None:
+    private_pem, public_pem = keys
+    msg = build_request(sender="Lotbot", to="Mantis", task="t", request_id="lotbot-1")
+    signed = sign(msg, private_pem)  # default KeyId: this key's id
+    own = public_key_id(public_pem)
+    assert signature_problem(signed, public_pem) is None
+    changed = signed.model_copy(update={"task": "u"})
+    assert signature_problem(changed, public_pem) == (
+        f"the text changed after it was signed (KeyId {own} is this key)")
+    other_public = generate_keypair()[1]
+    other = public_key_id(other_public)
+    wrong = signature_problem(signed, other_public)
+    assert wrong == f"wrong key: signed with key {own}, and this key is {other}"
+    by_hand = sign(msg, private_pem, key_id="lot-1").model_copy(update={"task": "u"})
+    assert "changed after it was signed, or another key" in str(
+        signature_problem(by_hand, public_pem))
+    assert signature_problem(msg, public_pem) == "not signed (no Signature field)"
+    for bad, why in (("rsa:abc", "does not start with ed25519:"),
+                     ("ed25519:" + base64.urlsafe_b64encode(b"x" * 10).decode(), "10 bytes"),
+                     ("ed25519:é", "can not be read")):
+        assert why in str(signature_problem(msg.model_copy(update={"signature": bad}),
+                                            public_pem)), bad
+    assert not verify(signed, other_public)

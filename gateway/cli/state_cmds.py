@@ -193,17 +193,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add `status`, `show` and `sweep` to the `bpgw` parser."""
     status = sub.add_parser("status", help="conversation counts, oldest open, load per agent")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--limit", type=int, default=10)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument("--limit", type=int, default=10, metavar="N",
+                        help="oldest open conversations and busiest agents to list (default 10)")
     status.set_defaults(handler=cmd_status)
     show = sub.add_parser("show", help="one conversation with its whole history")
-    show.add_argument("request_id", metavar="REQUEST_ID")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("request_id", metavar="REQUEST_ID", help="the conversation's RequestId")
+    show.add_argument("--json", action="store_true",
+                      help="print the conversation as JSON (epoch seconds)")
     show.set_defaults(handler=cmd_show)
     sweep = sub.add_parser("sweep", help="time out due conversations and purge old ones")
     sweep.add_argument("--once", action="store_true", required=True,
                        help="run one sweep now (the gateway runs them on a schedule)")
-    sweep.add_argument("--json", action="store_true")
+    sweep.add_argument("--json", action="store_true", help="print the report as JSON")
     sweep.set_defaults(handler=cmd_sweep)
     for parser in (status, show, sweep):
         add_connection_options(parser)
