@@ -128,6 +128,7 @@ class Gateway:
         cfg = self.config
         settings = cfg.state_settings()
         self._store = ConversationStore(redis, settings)
+        await self._store.canonical_agent_indices()
         key_prefix = "{" + settings.namespace + "}"
         owned = [item for adapter in self.adapters.values() for item in adapter.owned_names()]
         directory = self._directory = AgentDirectory(cfg, redis, key_prefix, owned)

@@ -100,6 +100,9 @@ class Pipeline:
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )
+        problem = Origin(env.transport, env.channel, env.thread, env.native_id).problem()
+        if problem is not None:
+            return self._count(await self._too_long(env, problem))
         command = parse_command(env.text, self._config.gateway.command_prefix)
         if command is not None:
             metrics.received(env.transport, "command")
@@ -157,6 +160,24 @@ class Pipeline:
         if len(parsed.messages) > cap:
             results.append(await self._too_many_blocks(env, parsed.messages[cap:], cap))
         return self._count(_combine(results))
+
+    async def _too_long(self, env: Envelope, problem: str) -> Disposition:
+        """Refuse an envelope whose transport-supplied fields exceed what state stores
+        (never cut: a cut native id breaks deduplication, a cut thread misroutes)."""
+        log.warning(
+            "envelope refused: %s",
+            problem,
+            extra={"transport": env.transport, "identity": env.identity, "reason": "too_long"},
+        )
+        await self._metrics.record_violation("too_long")
+        # Told on the channel without the thread (and not at all if the channel is the
+        # oversize field): nothing oversize is journaled either.
+        if Origin(env.transport, env.channel).problem() is None:
+            await self._notify(
+                Address(env.transport, env.channel),
+                notices.rejected("this message", problem, None, None),
+            )
+        return Disposition("rejected", f"too_long: {problem}; nothing was processed")
 
     async def _too_many_blocks(self, env: Envelope, extra: list[Message], cap: int) -> Disposition:
         """Refuse the blocks past the per-message cap, so one post does bounded work."""
@@ -268,6 +289,8 @@ class Pipeline:
             return await self._reject(
                 env, msg, _Rejection("depth", applied.reason), conv=applied.conversation
             )
+        if applied.outcome is Outcome.TOO_LONG:
+            return await self._reject(env, msg, _Rejection("too_long", applied.reason))
         if applied.outcome in (Outcome.CONFLICT, Outcome.ILLEGAL):
             return await self._reject(
                 env, msg, _Rejection(str(applied.outcome), applied.reason, violation=False)

@@ -40,6 +40,30 @@ class Origin:
     thread: str | None = None
     native_id: str | None = None
 
+    def problem(self) -> str | None:
+        """Why this origin may not be stored (a field over ``ORIGIN_MAX_BYTES``), or None."""
+        for name, limit in ORIGIN_MAX_BYTES.items():
+            value: str | None = getattr(self, name)
+            # Most values are short: at most 4 bytes per character, so no encoding needed.
+            if value is None or len(value) * 4 <= limit:
+                continue
+            size = len(value.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                return (f"the {name.replace('_', ' ')} is {size} bytes; the gateway stores at "
+                        f"most {limit} bytes of it per conversation")
+        return None
+
+
+ORIGIN_MAX_BYTES: dict[str, int] = {
+    "transport": 64,
+    "channel": 256,
+    "thread": 256,
+    "native_id": 256,
+}
+"""Bytes (UTF-8) each transport-supplied field of a conversation may take (docs/state.md).
+Longer ones are refused, never cut: a cut native id would break deduplication, a cut
+thread or channel would send replies elsewhere."""
+
 
 @dataclass(frozen=True)
 class Event:
@@ -107,6 +131,7 @@ class Outcome(StrEnum):
     ORPHAN = "orphan"
     DEPTH = "depth"
     LOOP = "loop"  # refused by a loop-guard budget (ConversationStore.apply ``budget``)
+    TOO_LONG = "too_long"  # a field over its bound (Origin.problem, orphans per RequestId)
 
 
 @dataclass(frozen=True)

@@ -187,8 +187,8 @@ class Keys:
         return f"{self.prefix}s:{status}"
 
     def agent(self, agent: str) -> str:
-        """The index of active conversations one agent owes a reply on."""
-        return f"{self.prefix}a:{agent}"
+        """The index of active conversations one agent owes a reply on (by name key)."""
+        return f"{self.prefix}a:{name_key(agent)}"
 
     def budget(self, name: str) -> str:
         """One loop-guard budget (same slot as the records: the apply script charges it)."""
@@ -234,8 +234,13 @@ class ConversationStore:
         the journal stream ``P ob:j`` in the same atomic step when the message is accepted
         (applied, or kept as an orphan), so state and outbound messages commit together.
         ``budget`` is checked first (after the duplicate check) and charged unless the
-        message is a duplicate; a full budget refuses it with outcome ``loop``.
+        message is a duplicate; a full budget refuses it with outcome ``loop``. An origin
+        with a field over its bound (``Origin.problem``) is refused with outcome
+        ``too_long`` and nothing is written.
         """
+        problem = origin.problem()
+        if problem is not None:
+            return self._too_long(msg, problem)
         keys, args = self._message_call(msg, origin, now, fingerprint)
         if journal or budget is not None:
             args.append(journal)
@@ -252,6 +257,9 @@ class ConversationStore:
         Each message is still its own atomic script; other clients' commands may
         run between them.
         """
+        problem = origin.problem()
+        if problem is not None:
+            return [self._too_long(m, problem) for m in msgs]
         async with self.redis.pipeline(transaction=False) as pipe:
             for msg in msgs:
                 keys, args = self._message_call(msg, origin, now)
@@ -309,6 +317,12 @@ class ConversationStore:
         args: list[str | int | float] = [
             self.keys.prefix, fields[:-1] + ", " + self._tail[:-1] + ", " + keys[1:]]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
+
+    def _too_long(self, msg: Message, problem: str) -> ApplyResult:
+        typ = str(msg.type)
+        log.info("conversation %s: %s refused: %s", msg.request_id, typ, problem,
+                 extra=_log_extra(msg.request_id, msg.trace_id, Outcome.TOO_LONG, typ))
+        return ApplyResult(Outcome.TOO_LONG, f"{problem}; nothing was stored", None)
 
     def _result(self, request_id: str, trace_id: str | None, typ: str, raw: Any
                 ) -> ApplyResult:
@@ -384,7 +398,8 @@ class ConversationStore:
         return await self._active_page(0, limit)
 
     async def load_by_agent(self, limit: int = 50) -> dict[str, int]:
-        """Active conversations each agent owes a reply on, busiest first."""
+        """Active conversations each agent owes a reply on, busiest first, by name key
+        (``protocol.names.name_key``: ``mantis`` for Mantis)."""
         raw = await self._load(args=[self.keys.prefix, limit])
         return {_text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2)}
 
@@ -428,6 +443,33 @@ class ConversationStore:
             for st in statuses:
                 pipe.zcard(self.keys.status(st))
             return sum(int(n) for n in await pipe.execute())
+
+    async def canonical_agent_indices(self) -> int:
+        """Move agent indices kept under a name's spelling (``a:Mantis``, written before
+        the indices used name keys) to the name's key (``a:mantis``); how many moved.
+
+        Idempotent and O(agents in ``ag``); the gateway runs it once at start. Names of
+        the older ``load`` layout (see ``load.lua``) are moved too.
+        """
+        moved = 0
+        names = {_text(n) for n in await self.redis.smembers(self.keys.agents)}
+        old_load = [_text(n) for n in await self.redis.zrange(self.keys.prefix + "load", 0, -1)]
+        if old_load:
+            await self.redis.sadd(self.keys.agents, *old_load)
+            await self.redis.delete(self.keys.prefix + "load", self.keys.prefix + "n")
+        for name in sorted(names.union(old_load)):
+            key = name_key(name)
+            if key == name:
+                continue
+            old, new = f"{self.keys.prefix}a:{name}", self.keys.agent(key)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zunionstore(new, [new, old], aggregate="MIN")
+                pipe.delete(old)
+                pipe.srem(self.keys.agents, name)
+                pipe.sadd(self.keys.agents, key)
+                await pipe.execute()
+            moved += 1
+        return moved
 
     async def orphans(self, limit: int = 50) -> _Orphans:
         """The most recent orphan RESPONSEs (for unknown RequestIds), newest first."""

@@ -316,3 +316,68 @@ async def test_healthz_names_a_down_transport_and_a_stalled_outbox(
         assert "lost its connection" in parts["transport side"]["detail"]
         assert parts["transport chat"]["ok"] and "not required" in parts["transport chat"]["detail"]
         assert "oldest undelivered message" in parts["outbox"]["detail"]
+
+
+# -- stored fields are bounded (item 8) ------------------------------------------------
+
+
+async def test_oversize_thread_is_refused_and_nothing_is_stored(
+        gw: Gateway, redis_client: Any) -> None:
+    req = build_request(sender="dave", to="Mantis", task="t")
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(f"{url(gw)}/v1/messages", headers=auth("dave"),
+                                 json={"text": render(req), "thread": "x" * 200_000}) as r:
+                body = await r.json()
+                assert r.status == 422 and body["outcome"] == "rejected", body
+                assert body["detail"].startswith("too_long: the thread is 200000 bytes"), body
+        assert await gw.store.get(req.request_id) is None
+        await gw.drain()
+        async with http.get(f"{url(gw)}/v1/agents/dave/inbox", headers=auth("dave")) as r:
+            notes = (await r.json())["messages"]
+        assert notes and all(n["thread"] is None and "too_long" not in n["text"] for n in notes)
+        assert "200000 bytes" in notes[0]["text"]
+        # Within bounds, the same message goes through.
+        async with http.post(f"{url(gw)}/v1/messages", headers=auth("dave"),
+                             json={"text": render(req), "thread": "t" * 256}) as r:
+            assert r.status == 200, await r.json()
+    # Not one oversize thread was kept anywhere (state, journal, inboxes, counters).
+    async for key in redis_client.scan_iter(match=f"*{gw.config.state.namespace}*"):
+        assert await redis_client.memory_usage(key) < 10_000, key
+
+
+# -- one name, one inbox, one budget, one index (identity leftovers) -------------------
+
+
+async def test_an_inbox_is_read_under_any_spelling_of_its_name(gw: Gateway) -> None:
+    web = gw.adapters["web"]
+    assert isinstance(web, HttpAdapter)
+    req = build_request(sender="Mantis", to="dave", task="t")
+    await memory(gw, "side").inject(render(req), author_id="u-mantis", channel="mantis-room")
+    await gw.drain()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url(gw)}/v1/agents/DAVE/inbox", headers=auth("dave")) as r:
+            assert r.status == 200
+            got = (await r.json())["messages"]
+        assert any(req.request_id in m["text"] for m in got), got
+        async with http.post(f"{url(gw)}/v1/agents/ｄａｖｅ/inbox/ack", headers=auth("dave"),
+                             json={"id": got[-1]["id"]}) as r:
+            assert r.status == 200
+        async with http.get(f"{url(gw)}/v1/agents/dave/inbox", headers=auth("dave")) as r:
+            assert (await r.json())["messages"] == []  # one inbox: acknowledged is gone
+        async with http.get(f"{url(gw)}/v1/agents/DAVE/inbox", headers=auth("erin")) as r:
+            assert r.status == 403
+
+
+async def test_spellings_of_a_name_share_its_pair_budget(gw: Gateway) -> None:
+    accepted = 0
+    async with aiohttp.ClientSession() as http:
+        for i, to in enumerate(("Mantis", "mantis", "MANTIS", "ｍａｎｔｉｓ", "Mantis", "mantis")):
+            req = build_request(sender="dave", to=to, task=f"t{i}")
+            _, body = await post(http, gw, "dave", render(req))
+            accepted += body["outcome"] == "accepted"
+    assert accepted == 4  # pair_budget_messages = 4 for dave -> Mantis, however spelt
+    load = await gw.store.load_by_agent()
+    assert load == {"mantis": 4}
+    listed = await gw.conversations(status="open", agent="ＭＡＮＴＩＳ", offset=0, limit=10)
+    assert len(listed) == 4

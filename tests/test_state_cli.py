@@ -29,7 +29,7 @@ async def test_status_show_sweep(store: ConversationStore, redis_url: str, names
     code, out = await _to_thread(capsys, redis_url, namespace, "status", "--json")
     data = json.loads(out)
     assert code == 0 and data["counts"]["clarifying"] == 1 and data["counts"]["open"] == 1
-    assert data["load_by_agent"] == {"Lotbot": 1, "Heron": 1}
+    assert data["load_by_agent"] == {"lotbot": 1, "heron": 1}
     assert [c["request_id"] for c in data["oldest_open"]] == ["r1", "r2"]
     code, out = await _to_thread(capsys, redis_url, namespace, "show", "r1", "--json")
     shown = json.loads(out)
@@ -39,7 +39,7 @@ async def test_status_show_sweep(store: ConversationStore, redis_url: str, names
     code, out = await _to_thread(capsys, redis_url, namespace, "sweep", "--once")
     assert code == 0 and "timed out: r1 (waiting on Lotbot)" in out and "claimed 1" in out
     code, out = await _to_thread(capsys, redis_url, namespace, "status")
-    assert code == 0 and "timeout 1" in out and "Heron: 1" in out
+    assert code == 0 and "timeout 1" in out and "heron: 1" in out
 
 
 async def _to_thread(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -51,7 +51,7 @@ async def test_one_claim_batch_of_every_kind(store: ConversationStore) -> None:
     assert [await store.get(c.request_id) for c in claimed] == claimed  # stored as returned
     counts = await store.counts()
     assert (counts["timeout"], counts["done"], counts["open"], counts["broadcast"]) == (3, 1, 1, 0)
-    assert await store.load_by_agent() == {"Mantis": 1}
+    assert await store.load_by_agent() == {"mantis": 1}
     # Same terminal time: newest first falls back to RequestId order, descending.
     assert [c.request_id for c in await store.list(status="timeout")] == ["open", "moved", "asks"]
     assert await store.claim_due(now=T0 + 4000) == []
@@ -63,37 +63,55 @@ async def test_purge_prunes_agents_and_a_later_step_adds_them_again(
     await store.apply(request("r1"), ORIGIN, now=T0)  # Mantis owes
     await store.apply(request("r2", to="Heron"), ORIGIN, now=T0)
     await store.apply(response("r2", sender="Heron"), ORIGIN, now=T0)
-    assert await redis.smembers(keys.agents) == {"Mantis", "Heron"}
+    assert await redis.smembers(keys.agents) == {"mantis", "heron"}
     assert await store.purge_expired(now=T0) == 0
-    assert await redis.smembers(keys.agents) == {"Mantis"}  # Heron owes nothing any more
+    assert await redis.smembers(keys.agents) == {"mantis"}  # Heron owes nothing any more
     # Lotbot was never in the set: the CLARIFY that makes it owe a reply adds it.
     await store.apply(clarify("r1"), ORIGIN, now=T0 + 1)
-    assert await store.load_by_agent() == {"Lotbot": 1}
+    assert await store.load_by_agent() == {"lotbot": 1}
     assert await store.purge_expired(now=T0) == 0
-    assert await redis.smembers(keys.agents) == {"Lotbot"}
+    assert await redis.smembers(keys.agents) == {"lotbot"}
     await store.apply(response("r1", sender="Lotbot", to="Mantis", depth=3, status=None),
                       ORIGIN, now=T0 + 2)
-    assert await store.load_by_agent() == {"Mantis": 1}
+    assert await store.load_by_agent() == {"mantis": 1}
 
 
 async def test_load_busiest_first_then_by_name(store: ConversationStore) -> None:
     for i, to in enumerate(["Ant", "Bee", "Bee", "Cat", "Cat", "Cat", "Dog"]):
         await store.apply(request(f"r{i}", to=to), ORIGIN, now=T0)
     assert list((await store.load_by_agent()).items()) == [
-        ("Cat", 3), ("Bee", 2), ("Dog", 1), ("Ant", 1)]
-    assert await store.load_by_agent(limit=2) == {"Cat": 3, "Bee": 2}
+        ("cat", 3), ("bee", 2), ("dog", 1), ("ant", 1)]
+    assert await store.load_by_agent(limit=2) == {"cat": 3, "bee": 2}
 
 
 async def test_namespace_of_the_old_layout_keeps_its_load(store: ConversationStore) -> None:
     redis, keys = store.redis, store.keys
     await store.apply(request("r1"), ORIGIN, now=T0)
-    # What the earlier version left: no agent set, a `load` zset and an `n` hash.
+    # What the earlier version left: no agent set, a `load` zset and an `n` hash, and
+    # the index under the name as written.
+    await redis.rename(keys.agent("Mantis"), keys.prefix + "a:Mantis")
     await redis.delete(keys.agents)
     await redis.zadd(keys.prefix + "load", {"Mantis": 1})
     await redis.hset(keys.prefix + "n", mapping={"open": 1})
-    assert await store.load_by_agent() == {"Mantis": 1}
+    assert await store.load_by_agent() == {"Mantis": 1}  # read as it is
     assert await redis.exists(keys.prefix + "load", keys.prefix + "n") == 0
     assert await redis.smembers(keys.agents) == {"Mantis"}
+    assert await store.canonical_agent_indices() == 1  # then moved at the next start
+    assert await store.load_by_agent() == {"mantis": 1}
+    assert await redis.smembers(keys.agents) == {"mantis"}
+
+
+async def test_old_layout_names_move_at_start_before_any_load_query(
+        store: ConversationStore) -> None:
+    redis, keys = store.redis, store.keys
+    await store.apply(request("r1"), ORIGIN, now=T0)
+    await redis.rename(keys.agent("Mantis"), keys.prefix + "a:Mantis")
+    await redis.delete(keys.agents)
+    await redis.zadd(keys.prefix + "load", {"Mantis": 1})
+    assert await store.canonical_agent_indices() == 1
+    assert await store.load_by_agent() == {"mantis": 1}
+    await store.apply(response("r1"), ORIGIN, now=T0 + 1)
+    assert await store.load_by_agent() == {}
 
 
 @pytest.fixture
@@ -226,3 +244,42 @@ async def test_bad_filters_and_pages_are_refused(store: ConversationStore) -> No
         await store.list(status="finished", offset=MERGED_WINDOW - 10, limit=11)
     assert await store.list(status="done", offset=10**9, limit=5) == []  # one index: any offset
     assert list_statuses(None) == list_statuses("") == tuple(ConvStatus)
+async def test_agent_indices_use_the_canonical_name_key(store: ConversationStore) -> None:
+    # One agent, three spellings: one index, one load, found by any spelling.
+    await store.apply(request("r1", to="Mantis"), ORIGIN, now=T0)
+    await store.apply(request("r2", to="ｍａｎｔｉｓ"), ORIGIN, now=T0 + 1)
+    await store.apply(request("r3", to="MANTIS"), ORIGIN, now=T0 + 2)
+    assert await store.load_by_agent() == {"mantis": 3}
+    for spelling in ("Mantis", "mantis", "ＭＡＮＴＩＳ"):
+        assert [c.request_id for c in await store.list(agent=spelling)] == ["r3", "r2", "r1"]
+    # Answered, asked back, handed off under other spellings: the indices follow the keys.
+    await store.apply(response("r1", sender="mantis"), ORIGIN, now=T0 + 3)
+    await store.apply(clarify("r2", sender="MANTIS", to="LOTBOT"), ORIGIN, now=T0 + 4)
+    await store.apply(handoff("r3", sender="Mantis", to="heron"), ORIGIN, now=T0 + 5)
+    assert await store.load_by_agent() == {"lotbot": 1, "heron": 1}
+    assert [c.request_id for c in await store.list(agent="LOTBOT", status="clarifying")
+            ] == ["r2"]
+    assert [c.request_id for c in await store.list(agent="HERON")] == ["r3"]
+    claimed = await store.claim_due(now=T0 + 10_000)
+    assert {c.request_id for c in claimed} == {"r2", "r3"}
+    assert await store.load_by_agent() == {}
+    assert not await store.redis.exists(store.keys.agent("mantis"), store.keys.agent("heron"),
+                                        store.keys.agent("lotbot"))
+
+
+async def test_indices_kept_under_a_spelling_move_to_the_name_key(
+        store: ConversationStore) -> None:
+    await store.apply(request("old", to="Mantis"), ORIGIN, now=T0)
+    await store.apply(request("new", to="mantis"), ORIGIN, now=T0 + 1)
+    # As an earlier version wrote it: the index under the name as first written.
+    raw = f"{store.keys.prefix}a:Mantis"
+    await store.redis.zrem(store.keys.agent("mantis"), "old")
+    await store.redis.zadd(raw, {"old": T0})
+    await store.redis.sadd(store.keys.agents, "Mantis")
+    assert await store.canonical_agent_indices() == 1
+    assert await store.canonical_agent_indices() == 0  # idempotent
+    assert not await store.redis.exists(raw)
+    assert await store.redis.smembers(store.keys.agents) == {"mantis"}
+    assert await store.load_by_agent() == {"mantis": 2}
+    await store.apply(response("old", sender="Mantis"), ORIGIN, now=T0 + 2)
+    assert await store.load_by_agent() == {"mantis": 1}

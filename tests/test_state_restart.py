@@ -27,7 +27,7 @@ async def test_close_and_reopen_store(redis_url: str, namespace: str) -> None:
         assert await st.get("r1") == before
         assert (await st.apply(clarify("r1"), ORIGIN)).outcome is Outcome.DUPLICATE
         assert (await st.counts())["clarifying"] == 1
-        assert await st.load_by_agent() == {"Lotbot": 1}
+        assert await st.load_by_agent() == {"lotbot": 1}
     finally:
         await drop_namespace(client, namespace)
         await client.aclose()

@@ -33,7 +33,7 @@ async def test_request_opens_with_deadline_and_origin(store: ConversationStore) 
     assert [e.type for e in conv.history] == ["REQUEST"]
     assert conv.history[0].excerpt == "count the lots"
     assert await store.counts() == {**dict.fromkeys(await store.counts(), 0), "open": 1}
-    assert await store.load_by_agent() == {"Mantis": 1}
+    assert await store.load_by_agent() == {"mantis": 1}
 
 
 async def test_clarify_answer_handoff_done(store: ConversationStore) -> None:
@@ -43,20 +43,20 @@ async def test_clarify_answer_handoff_done(store: ConversationStore) -> None:
     conv = res.conversation
     assert conv is not None and conv.status is ConvStatus.CLARIFYING
     assert conv.deadline == T0 + 10 + 600 and conv.owes_reply == "Lotbot"
-    assert await store.load_by_agent() == {"Lotbot": 1}
+    assert await store.load_by_agent() == {"lotbot": 1}
 
     res = await store.apply(response("r1", sender="Lotbot", to="Mantis", depth=3,
                                      status=None, result="site A"), ORIGIN, now=T0 + 20)
     conv = res.conversation
     assert conv is not None and conv.status is ConvStatus.OPEN and conv.assignee == "Mantis"
     assert conv.deadline == T0 + 20 + 1800
-    assert await store.load_by_agent() == {"Mantis": 1}
+    assert await store.load_by_agent() == {"mantis": 1}
 
     res = await store.apply(handoff("r1", depth=4), ORIGIN, now=T0 + 30)
     conv = res.conversation
     assert conv is not None and conv.status is ConvStatus.HANDED_OFF
     assert conv.assignee == "Heron" and conv.deadline == T0 + 30 + 1800
-    assert await store.load_by_agent() == {"Heron": 1}
+    assert await store.load_by_agent() == {"heron": 1}
 
     res = await store.apply(response("r1", sender="Heron", depth=5), ORIGIN, now=T0 + 40)
     conv = res.conversation
@@ -102,7 +102,7 @@ async def test_request_to_all_is_taken_by_first_clarifier(store: ConversationSto
     res = await store.apply(clarify("r1", sender="Kite"), ORIGIN, now=T0)
     assert res.conversation is not None and res.conversation.assignee == "Kite"
     await store.apply(response("r1", sender="Lotbot", to="Kite", depth=3), ORIGIN, now=T0)
-    assert await store.load_by_agent() == {"Kite": 1}
+    assert await store.load_by_agent() == {"kite": 1}
 
 
 async def test_broadcast_is_short_lived_and_owed_by_nobody(store: ConversationStore) -> None:

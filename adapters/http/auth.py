@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from adapters.base import Author
+from protocol.names import name_key
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,9 @@ class Caller:
         return Author(id=self.name, display_name=self.name, is_bot=not self.is_operator)
 
     def may_read(self, inbox_owner: str) -> bool:
-        """Operators read any inbox; an agent reads only its own."""
-        return self.is_operator or inbox_owner == self.name
+        """Operators read any inbox; an agent reads only its own (names compare by
+        canonical key: ``mantis`` is Mantis's inbox)."""
+        return self.is_operator or name_key(inbox_owner) == name_key(self.name)
 
 
 class TokenAuth:

@@ -31,6 +31,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from protocol.names import name_key
 from state.batching import ScriptBatcher
 
 ACK_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -195,8 +196,9 @@ class Inboxes:
         self._waiting: set[asyncio.Task[Any]] = set()
 
     def _keys(self, owner: str) -> list[str]:
-        # A hash tag per inbox (hashed: a name may hold "{"), so a cluster spreads them.
-        tag = hashlib.sha1(owner.encode()).hexdigest()[:16]
+        # A hash tag per inbox (hashed: a name may hold "{"), so a cluster spreads them;
+        # of the name's canonical key, so every spelling of a name is one inbox.
+        tag = hashlib.sha1(name_key(owner).encode()).hexdigest()[:16]
         base = f"{self._namespace}:in:{{{tag}}}"
         return [base + ":s", base + ":m"]
 

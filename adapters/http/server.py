@@ -44,6 +44,7 @@ from adapters.http.wire import (
     read_body,
 )
 from adapters.options import load_options
+from protocol.names import name_key
 
 log = logging.getLogger("bpgw.adapters.http")
 
@@ -103,6 +104,7 @@ class HttpAdapter(Adapter):
         self._metrics_access = MetricsAccess(
             self.settings.metrics_token, self._auth, self.settings.host
         )
+        self._token_keys = frozenset(name_key(agent) for agent in self.settings.tokens)
         self._inboxes_store: Inboxes | None = None
         self._sink: GatewaySink | None = None
         self._runner: web.AppRunner | None = None
@@ -294,7 +296,7 @@ class HttpAdapter(Adapter):
         owner = request.match_info["name"]
         if not caller.may_read(owner):
             raise ApiError(403, f"{caller.name} may not read the inbox of {owner}")
-        if owner not in self.settings.tokens and not await self._inboxes.exists(owner):
+        if name_key(owner) not in self._token_keys and not await self._inboxes.exists(owner):
             raise ApiError(404, f"no inbox for {owner}")
         return owner
 

@@ -17,6 +17,8 @@
 -- later step is GET + SET plus only the indices that change (see reindex in common.lua)
 -- and a ZADD for a new party; the loop guard adds an MGET of its keys and a SET per key.
 local key = KEYS[1]
+-- Orphan RESPONSEs kept per unknown RequestId (each event is bounded, their number is not).
+local ORPHAN_MAX_BYTES = 16384
 local a = cjson.decode(ARGV[2])
 local typ, id, from, to = a[1], a[2], a[3], a[4]
 local fk = a[23]
@@ -141,6 +143,12 @@ local function step()
       local okey = KEYS[2]
       local dup = duplicate(nil)
       if dup then return dup end
+      local kept = redis.call('STRLEN', okey)
+      if kept >= ORPHAN_MAX_BYTES then
+        return {'too_long', kept .. ' bytes of orphan RESPONSEs for unknown conversation ' ..
+                id .. ' are kept already (at most ' .. ORPHAN_MAX_BYTES .. '); this one was ' ..
+                'not kept.', false, false}
+      end
       ev[6] = 'orphan'
       redis.call('APPEND', okey, cjson.encode(ev) .. '\n')
       redis.call('EXPIRE', okey, math.ceil(a[22]))
@@ -227,12 +235,10 @@ local function step()
       return {'illegal', 'conversation ' .. id .. ' already waits for ' .. h[3] ..
               ' to answer a question; answer it before asking another.', st, blob}
     end
-    h[18] = hk
-    return accept(st, move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder), h)
+    return accept(st, move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder, hk), h)
   end
   if typ == 'HANDOFF' then
-    h[18] = a[24]
-    return accept(st, move(key, id, h, body, 'handed_off', now + a[19], now, ev, to), h)
+    return accept(st, move(key, id, h, body, 'handed_off', now + a[19], now, ev, to, a[24]), h)
   end
   return {'illegal', 'unknown message type ' .. typ .. '.', st, blob}
 end

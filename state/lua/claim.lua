@@ -29,7 +29,7 @@ for i, id in ipairs(ids) do
     elseif ACTIVE[h[5]] then
       local who = owes(h)
       group(by_status, h[5], id)
-      group(by_agent, who, id)
+      group(by_agent, owes_key(h), id)
       local ev = {'TIMEOUT', 'bpgw', who, h[6], h[7], 'timeout', h[13], '', now,
                   ARGV[4] .. who .. ' (was ' .. h[5] .. ')', ''}
       h[5], h[11], h[12] = 'timeout', now, 0

@@ -5,14 +5,15 @@
 --   P.."o:"..id   string: orphan RESPONSE events (same event format), with a TTL
 --   P.."due"      zset id -> deadline of every active conversation and live broadcast
 --   P.."s:"..st   zset id -> created (active statuses) or terminal time (terminal ones)
---   P.."a:"..who  zset id -> created of active conversations `who` owes a reply on
---   P.."ag"       set of agent names that may have an a:<who> index (pruned by purge)
+--   P.."a:"..k    zset id -> created of active conversations the agent with canonical
+--                 name key k (protocol.names.name_key) owes a reply on
+--   P.."ag"       set of name keys that may have an a:<k> index (pruned by purge)
 --   P.."p:"..key  zset id -> created of every conversation (any status) the agent with
 --                 canonical name key `key` is a party to: requester, addressee, every
 --                 assignee; removed with the conversation by purge
 --   P.."orph"     zset id -> time an orphan was stored
 -- No counters: counts are ZCARDs of these indices (broadcasts = due - active), load is
--- ZCARD of a:<who>, so a transition writes only the indices that really change.
+-- ZCARD of a:<k>, so a transition writes only the indices that really change.
 -- Header: 1 trace, 2 kind, 3 requester, 4 assignee, 5 status, 6 depth, 7 max depth,
 --   8 priority, 9 task, 10 created, 11 updated, 12 deadline (0 = none), 13 transport,
 --   14 channel, 15 thread, 16 native id, 17 requester key, 18 assignee key,
@@ -27,6 +28,13 @@ local function owes(h)
   return h[4]
 end
 
+-- The canonical name key of who owes the reply (header 17 requester key, 18 assignee
+-- key; records written before the keys were kept: the name's ASCII lower case).
+local function owes_key(h)
+  if h[5] == 'clarifying' then return h[17] or string.lower(h[3]) end
+  return h[18] or string.lower(h[4])
+end
+
 local function split(blob)
   local nl = string.find(blob, '\n', 1, true)
   return cjson.decode(string.sub(blob, 1, nl - 1)), string.sub(blob, nl + 1)
@@ -39,7 +47,7 @@ end
 -- Index a new conversation (header h of a REQUEST or BROADCAST).
 local function enter(id, h)
   if h[2] ~= 'BROADCAST' then
-    local who = h[4]
+    local who = h[18]
     redis.call('ZADD', P .. 's:' .. h[5], h[10], id)
     redis.call('ZADD', P .. 'a:' .. who, h[10], id)
     redis.call('SADD', P .. 'ag', who)
@@ -70,7 +78,7 @@ local function reindex(id, h, st0, w0, now)
     redis.call('ZADD', P .. 's:' .. st, active and h[10] or now, id)
   end
   if active then
-    local who = owes(h)
+    local who = owes_key(h)
     if who ~= w0 then
       redis.call('ZREM', P .. 'a:' .. w0, id)
       redis.call('ZADD', P .. 'a:' .. who, h[10], id)
@@ -84,10 +92,10 @@ local function reindex(id, h, st0, w0, now)
 end
 
 -- Move conversation `id` (header h, events body) to status `st` with event ev;
--- `assignee` (optional) replaces the holder. Returns the new record.
-local function move(key, id, h, body, st, deadline, now, ev, assignee)
-  local st0, w0 = h[5], owes(h)
-  if assignee then h[4] = assignee end
+-- `assignee` with its name key `ak` (optional) replaces the holder. Returns the new record.
+local function move(key, id, h, body, st, deadline, now, ev, assignee, ak)
+  local st0, w0 = h[5], owes_key(h)
+  if assignee then h[4], h[18] = assignee, ak end
   h[5] = st
   h[11] = now
   h[12] = deadline
