@@ -1,0 +1,127 @@
+"""Fault test: the gateway's Redis/Valkey (a private one) is stopped for 10 s in the
+middle of a stream of messages, then started again. Nothing acknowledged is lost, a
+client answered 503 with Retry-After retries and its message ends delivered exactly once,
+/healthz says the state store is down meanwhile, and the gateway recovers by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from protocol import build_request
+from state.settings import StateSettings
+from state.store import ConversationStore
+
+from gwproc import GatewayProcess, InboxReader, Poster, bearer, scaled, two_transports, write_config
+from servers import PrivateValkey, free_port
+
+TOKENS = {"Lotbot": "tok-lotbot-outage", "Mantis": "tok-mantis-outage"}
+MESSAGES = scaled(3000)
+CONCURRENCY = 16
+OUTAGE_SECONDS = 10.0
+RECOVERY_LIMIT_SECONDS = 15.0
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def valkey(tmp_path: Path) -> Iterator[PrivateValkey]:
+    # Append-only with fsync always: what Redis acknowledged survives its restart.
+    server = PrivateValkey(tmp_path / "valkey", appendonly=True).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _config(folder: Path, redis_url: str, ports: tuple[int, int]) -> Path:
+    return write_config(folder / "gw.toml", {
+        "gateway": {"data_dir": str(folder / "data"), "log_level": "ERROR"},
+        # The sweeper's run every second is what /healthz reads the store's state from.
+        "state": {"redis_url": redis_url, "namespace": "outage", "sweep_interval_seconds": 1},
+        "policy": {"pair_budget_messages": 1_000_000},
+        **two_transports(ports, TOKENS),
+    })
+
+
+async def test_redis_stopped_for_10s_mid_stream(valkey: PrivateValkey, tmp_path: Path) -> None:
+    ports = (free_port(), free_port())
+    web, side = (f"http://127.0.0.1:{p}" for p in ports)
+    reqs = [build_request(sender="Lotbot", to="Mantis", task=f"job {i}") for i in range(MESSAGES)]
+    refused: set[str] = set()  # answered 503 (or not at all) at least once
+    async with aiohttp.ClientSession() as http:
+        gw = await GatewayProcess(_config(tmp_path, valkey.url, ports), web).start()
+        poster = Poster(http)
+        reader = InboxReader(http, "Mantis", TOKENS["Mantis"])
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        for req in reqs:
+            queue.put_nowait(req)
+        outage_at = MESSAGES // 3
+        down = asyncio.Event()
+        seen_down: Counter[str] = Counter()  # what /healthz and an inbox poll answered
+
+        async def client() -> None:
+            while not queue.empty():
+                req = queue.get_nowait()
+                while not await poster.post(web, TOKENS["Lotbot"], req):
+                    refused.add(req.request_id)
+                    await asyncio.sleep(1.0)  # the Retry-After every 503 carried
+                if len(poster.ok) >= outage_at:
+                    down.set()
+
+        async def outage() -> None:
+            await down.wait()
+            await asyncio.to_thread(valkey.stop)
+            stopped = time.monotonic()
+            while time.monotonic() - stopped < OUTAGE_SECONDS:
+                status, headers, body = await gw.health(http)
+                if status == 503:
+                    assert headers.get("Retry-After"), headers
+                    assert body["state_store"].startswith("unreachable"), body
+                seen_down[f"healthz {status}"] += 1
+                async with http.get(f"{side}/v1/agents/Mantis/inbox", params={"wait": "0"},
+                                    headers=bearer(TOKENS["Mantis"])) as resp:
+                    if resp.status == 503:
+                        assert resp.headers.get("Retry-After"), dict(resp.headers)
+                    seen_down[f"inbox {resp.status}"] += 1
+                await asyncio.sleep(0.5)
+            await asyncio.to_thread(valkey.start)
+
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(outage(), *(client() for _ in range(CONCURRENCY))), 120
+            )
+            assert seen_down["healthz 503"] > 0, seen_down
+            assert set(seen_down) <= {"healthz 503", "healthz 200", "inbox 503", "inbox 200"}, (
+                seen_down)
+            assert refused, "no client was refused while Redis was down"
+            assert poster.answers["503:error"] > 0, poster.answers
+            assert len(poster.ok) == MESSAGES
+            # Recovered by itself: healthy again, no restart.
+            async with asyncio.timeout(RECOVERY_LIMIT_SECONDS):
+                while await gw.health_status(http) != 200:  # noqa: ASYNC110 - another process
+                    await asyncio.sleep(0.2)
+
+            await reader.read_until([side], MESSAGES, within=60)
+            counts = reader.protocol_ids()
+            assert set(counts) == poster.ok, (len(counts), len(poster.ok))
+            assert max(counts.values()) == 1, [r for r, n in counts.items() if n > 1][:5]
+            assert max(reader.ids.values()) == 1
+            assert gw.running
+        finally:
+            await gw.stop()
+    client_redis = aioredis.from_url(valkey.url, decode_responses=True)
+    try:
+        store = ConversationStore(client_redis, StateSettings(redis_url=valkey.url,
+                                                              namespace="outage"))
+        assert (await store.counts())["open"] == MESSAGES
+    finally:
+        await client_redis.aclose()
