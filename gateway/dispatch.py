@@ -292,8 +292,9 @@ class Dispatcher:
             if dest in self._backlog:
                 await self._enqueue_retry(dest, items)
                 return
+            done = await self._sent_before(dest, items) if replay else [None] * len(items)
             for i, item in enumerate(items):
-                outcome = await self._attempt(dest, item, check_done=replay)
+                outcome = done[i] or await self._attempt(item)
                 if isinstance(outcome, Receipt):
                     self._record(dest, item, outcome, writes)
                     continue
@@ -304,17 +305,29 @@ class Dispatcher:
                 await self._enqueue_retry(dest, [failed, *items[i + 1:]])
                 return
 
-    async def _attempt(self, dest: str, item: Item, *, check_done: bool
-                       ) -> Receipt | Exception:
+    async def _sent_before(self, dest: str, items: Sequence[Item]) -> list[Receipt | None]:
+        """Per item, the receipt of a delivery made before a crash (its idempotency key),
+        else None: one MGET for all of them. Inbox transports keep their own record."""
+        found: list[Receipt | None] = [None] * len(items)
+        checked = [
+            i for i, item in enumerate(items)
+            if (a := self._adapters.get(item.out.address.transport)) is not None
+            and not a.capabilities.fresh_native_ids
+        ]
+        if not checked:
+            return found
+        raws = await self._redis.mget([self._keys.done(dest, items[i].entry_id) for i in checked])
+        for i, sent in zip(checked, raws, strict=True):
+            if sent is not None:  # delivered before a crash: never twice
+                found[i] = Receipt(tuple(str(sent).split(",")) if sent else ())
+        return found
+
+    async def _attempt(self, item: Item) -> Receipt | Exception:
         """Send one item now (after the destination's pacing); the receipt or the error."""
         adapter = self._adapters.get(item.out.address.transport)
         if adapter is None:
             return DeliveryError(f"transport {item.out.address.transport} is not enabled here")
-        if check_done and not adapter.capabilities.fresh_native_ids:
-            sent = await self._redis.get(self._keys.done(dest, item.entry_id))
-            if sent is not None:  # delivered before a crash: never twice
-                return Receipt(tuple(str(sent).split(",")) if sent else ())
-        await self._pace(dest)
+        await self._pace(item.dest)
         try:
             receipt = await asyncio.wait_for(adapter.send(item.out), self._s.send_timeout_seconds)
         except DeliveryError as exc:
@@ -421,39 +434,50 @@ class Dispatcher:
             self._workers[dest] = asyncio.create_task(self._drain_queue(dest))
 
     async def _drain_queue(self, dest: str) -> None:
-        """Retry the head of ``dest``'s queue until it is empty (or the lease is lost)."""
+        """Retry ``dest``'s queue from its head until it is empty (or the lease is lost).
+
+        Once the head goes through, the items behind it follow in the same pass (up to
+        ``batch``, one trim for all of them), so a destination that recovers catches up
+        at the speed of its sends, not of one Redis round trip pair per item.
+        """
         queue = self._keys.queue(dest)
         while self._holding and not self._stopping:
             try:
                 async with self._lock(dest):
-                    raw = await self._redis.lindex(queue, 0)
-                    if raw is None:
+                    raws = await self._redis.lrange(queue, 0, self._s.batch - 1)
+                    if not raws:
                         self._backlog.discard(dest)
                         await self._redis.hdel(self._keys.blocked, dest)
                         return
-                item = Item.from_json(raw)
-                wait = item.next_at - time.time()
+                items = [Item.from_json(raw) for raw in raws]
+                wait = items[0].next_at - time.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                outcome = await self._attempt(dest, item, check_done=True)
-                if isinstance(outcome, Receipt):
-                    writes: _Writes = []
+                writes: _Writes = []
+                sent, failed = 0, None
+                done = await self._sent_before(dest, items)
+                for i, item in enumerate(items):
+                    if sent and item.next_at > time.time():
+                        break  # one that failed on its own waits for its backoff
+                    outcome = done[i] or await self._attempt(item)
+                    if not isinstance(outcome, Receipt):
+                        failed = self._failed(item, outcome)
+                        break
                     self._record(dest, item, outcome, writes)
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        for write in writes:
-                            write(pipe)
-                        pipe.lpop(queue)
-                        await pipe.execute()
-                    continue
-                failed = self._failed(item, outcome)
-                if failed.attempts >= self._s.max_attempts:
+                    sent += 1
+                buried = failed is not None and failed.attempts >= self._s.max_attempts
+                if buried:
+                    assert failed is not None
                     await self._bury(dest, failed)
-                    await self._redis.lpop(queue)
-                else:
-                    async with self._redis.pipeline(transaction=False) as pipe:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for write in writes:
+                        write(pipe)
+                    if sent + buried:
+                        pipe.ltrim(queue, sent + buried, -1)
+                    if failed is not None and not buried:
                         pipe.lset(queue, 0, failed.to_json())
                         pipe.hset(self._keys.blocked, dest, _why(failed))
-                        await pipe.execute()
+                    await pipe.execute()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis outage: wait and try again
