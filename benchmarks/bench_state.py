@@ -45,8 +45,9 @@ local first, last, now, deadline = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumbe
 for i = first, last do
   local id = ARGV[6] .. i
   local req, to = 'Agent' .. (i % 50), 'Agent' .. ((i + 1) % 50)
+  local rk, tk = string.lower(req), string.lower(to)
   local h = {'', 'REQUEST', req, to, 'open', 1, 5, 'normal', ARGV[7], now, now, deadline,
-             'discord', 'ops-room', '', ''}
+             'discord', 'ops-room', '', '', rk, tk, {rk, tk}}
   local ev = {'REQUEST', req, to, 1, 5, 'open', 'discord', '', now, ARGV[7],
               string.format('%016x', i)}
   enter(id, h)
