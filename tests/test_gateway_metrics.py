@@ -20,6 +20,7 @@ from gateway.cli import main
 from protocol import build_request, render
 
 from gwkit import make_config, memory, running
+from servers import PrivateValkey
 
 pytestmark = pytest.mark.redis
 
@@ -200,3 +201,26 @@ def test_metrics_are_open_only_on_loopback_without_a_token() -> None:
         assert access.allows("Bearer tok-ops-0001")
     token = MetricsAccess("tok-scrape-01", auth, "127.0.0.1")
     assert not token.allows(None) and token.allows("Bearer tok-scrape-01")
+
+
+async def test_metrics_answer_while_the_store_is_down(namespace: str, tmp_path: Path) -> None:
+    server = PrivateValkey().start()
+    try:
+        config = make_config(server.url, namespace, tmp_path, transports={"web": WEB})
+        async with running(config) as gw:
+            text = render(build_request(sender="Lotbot", to="Mantis", task="before"))
+            await memory(gw, "chat").inject(text, author_id="u-lot")
+            before = await _scrape(gw)
+            assert _value(before, "bpgw_conversations", status="open") == 1
+            server.stop()
+            await asyncio.sleep(1.1)  # past the scrape's reuse interval: it reads again
+            during = await _scrape(gw)  # 200, from memory
+            assert _value(during, "bpgw_state_store_up") == 0
+            assert _value(during, "bpgw_conversations", status="open") == 1  # last known
+            assert _value(during, "bpgw_dispositions_total", outcome="accepted") == 1
+            server.start()
+            await asyncio.sleep(1.1)
+            after = await _scrape(gw)
+            assert _value(after, "bpgw_state_store_up") == 1
+    finally:
+        server.close()
