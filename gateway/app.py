@@ -39,7 +39,7 @@ from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher
 from gateway.health import HealthProbe, Part
 from gateway.leases import LeaseKeeper
-from gateway.metrics import Metrics, Reading
+from gateway.metrics import Metrics, Reading, numeric_stats
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_status
@@ -436,6 +436,10 @@ class Gateway:
         dispatcher = self._dispatcher
         reading = Reading(
             transports={name: a.health().state for name, a in self.adapters.items()},
+            transport_stats={
+                name: figures for name, a in self.adapters.items()
+                if (figures := numeric_stats(a.stats()))
+            },
             dispatching=dispatcher is not None and dispatcher.holding,
         )
         try:

@@ -71,6 +71,8 @@ class Reading:
     conversations: Mapping[str, int] = field(default_factory=dict)
     outbox: Mapping[str, Any] = field(default_factory=dict)
     transports: Mapping[str, HealthState] = field(default_factory=dict)
+    # Numeric connection figures per transport (``Adapter.stats()``: latency, reconnects).
+    transport_stats: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     dispatching: bool = False
     store_up: bool = True
 
@@ -153,6 +155,15 @@ class _SharedState(Collector):
             for s in HealthState:
                 health.add_metric([transport, str(s)], 1 if s is state else 0)
         yield health
+        stats = GaugeMetricFamily(
+            "bpgw_transport_stat",
+            "Connection figures transports report (latency_ms, reconnects, resumes, ...)",
+            labels=["transport", "stat"],
+        )
+        for transport, figures in sorted(r.transport_stats.items()):
+            for stat, value in sorted(figures.items()):
+                stats.add_metric([transport, stat], value)
+        yield stats
 
 
 class Metrics:
@@ -292,3 +303,11 @@ class Metrics:
                 name = kind.decode() if isinstance(kind, bytes) else str(kind)
                 counts[name] += int(n)
         return dict(counts)
+
+
+def numeric_stats(stats: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of ``Adapter.stats()`` (booleans as 0/1; text and None left out)."""
+    return {
+        k: float(v) for k, v in stats.items()
+        if isinstance(v, int | float) and not (isinstance(v, float) and v != v)
+    }

@@ -376,6 +376,11 @@ async def test_health_reports_latency_and_events(
         status = await memory(gw, "chat").command("status", author_id="op")
         [line] = [v for k, v in status.fields if k == "transport dc"]
         assert "latency_ms" in line and "resumes: 0" in line
+        body, _ = await gw.metrics()
+        scraped = body.decode()
+        assert 'bpgw_transport_stat{stat="resumes",transport="dc"} 0.0' in scraped
+        assert 'bpgw_transport_stat{stat="connected",transport="dc"} 1.0' in scraped
+        assert 'bpgw_transport_stat{stat="latency_ms",transport="dc"}' in scraped
 
 
 # -- delivery errors, lifecycle, options, probe ----------------------------------------
