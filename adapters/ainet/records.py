@@ -36,6 +36,8 @@ class BridgeRecords:
         self._folders = BoundedHash(client, f"{tag}:folders", max_entries=conversations_max)
         self._deliveries = BoundedHash(client, f"{tag}:delivered", max_entries=deliveries_max)
         self._peers = BoundedHash(client, f"{tag}:peers", max_entries=PEERS_MAX)
+        # Peers this process has recorded already (most files come from known agents).
+        self._noted: set[tuple[str, str]] = set()
 
     async def request_for_folder(self, task: str) -> str | None:
         """The RequestId of the conversation living in ``tasks/task-<task>/``, if mapped."""
@@ -60,8 +62,13 @@ class BridgeRecords:
 
     async def note_peers(self, names: Sequence[tuple[str, str]]) -> None:
         """Remember ``(bot-protocol name, agent id)`` of agents seen in the workspace."""
-        if names:
-            await self._peers.put([(name_key(name), agent_id) for name, agent_id in names])
+        fresh = [(name_key(name), agent_id) for name, agent_id in names
+                 if (name_key(name), agent_id) not in self._noted]
+        if fresh:
+            await self._peers.put(fresh)
+            if len(self._noted) + len(fresh) > PEERS_MAX:
+                self._noted.clear()
+            self._noted.update(fresh)
 
     async def is_peer(self, name: str) -> bool:
         """True when ``name`` is an agent seen writing in this workspace."""
