@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from adapters.ainet.settings import AinetSettings
 from adapters.base import Address, ConfigError, DeliveryError, Outbound, create_adapter
 from protocol import (
     MessageType,
@@ -365,3 +366,26 @@ async def test_probe_owned_names_and_options(tmp_path: Path) -> None:
                 {"workspace": "x", "discovery": "sometimes"}):
         with pytest.raises(ConfigError, match=r"transports\.ainet\."):
             create_adapter("ainet", "ainet", bad)
+
+
+async def test_relative_folders_work(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``bpgw run`` without --data-dir uses ./.bpgw: relative workspace and state folders."""
+    monkeypatch.chdir(tmp_path)
+    real = await asyncio.to_thread(os.path.realpath, tmp_path)
+    config = bridge_config(redis_url, namespace, tmp_path, workspace="rel/shared",
+                           state_dir="rel/state")
+    async with chat_and_bridge(config) as (gw, chat):
+        assert str(bridge(gw).workspace.root) == os.path.join(real, "rel", "shared")
+        PlainAgent(tmp_path / "rel" / "shared", PEER).request(ME, "@Lotbot relative")
+        assert (await chat.one()).task == "relative"  # type: ignore[union-attr]
+    assert (tmp_path / "rel" / "state" / "locks").is_dir()
+
+
+def test_config_example_documents_every_option() -> None:
+    text = (Path(__file__).resolve().parent.parent / "config.example.toml").read_text("utf-8")
+    for key in AinetSettings.model_fields:
+        assert re.search(rf"^# {key} = ", text, re.M) or re.search(
+            rf"^# \[transports\.ainet\.{key}\]", text, re.M), f"[transports.ainet] {key}"

@@ -173,7 +173,7 @@ class AinetAdapter(Adapter):
         if self._redis is None:
             raise RuntimeError(f"ainet transport {self.name} needs Redis (use_redis) first")
         s = self.settings
-        root = s.workspace.expanduser()
+        root = s.workspace.expanduser().absolute()
         if s.create_workspace:
             await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
         if not root.is_dir():

@@ -146,6 +146,8 @@ class Workspace:
                  max_turns: int = DEFAULT_MAX_TURNS, max_spool: int = 100,
                  max_message_bytes: int = 256 * 1024) -> None:
         self.root = root.resolve()
+        # Resolved like the root: folders are checked against their real path.
+        state_dir = state_dir.expanduser().resolve()
         self.agent_id = check_agent_id(agent_id)
         self.me = file_part(self.agent_id)
         self.session = self.root / SESSION
