@@ -6,7 +6,9 @@ with ``bpgw`` on the PATH running this checkout. A ```` ```json output ```` bloc
 after an example is what that example prints, compared as JSON: dicts have the same
 keys, lists the same length, and every value is equal except that a documented string
 containing ``…`` matches any string starting with the part before it (``"…"`` matches
-any string) and a documented float matches any number (times). docs/http-api.md runs
+any string) and a documented float matches any number (times). A ```` ```text output ````
+block (fenced with four backticks when it holds a protocol block) must equal the
+printed text, surrounding blank lines aside. docs/http-api.md runs
 against a real ``bpgw run`` process, configured by its ```` ```toml config ```` block, on
 the session's Redis; README.md's quick examples run in an empty folder.
 """
@@ -31,21 +33,26 @@ from servers import free_port
 ROOT = Path(__file__).resolve().parent.parent
 DOC_URL = "http://127.0.0.1:8780"  # what the docs use; replaced by the test gateway's URL
 WILDCARD = "…"
-_FENCE = re.compile(r"^```(.*)$")
+_FENCE = re.compile(r"^(`{3,})(.*)$")
 _MARKER = "@@bpgw-docs-example {}@@"
 
 
 def fenced_blocks(path: Path) -> list[tuple[str, str]]:
-    """(info string, content) of every fenced block of a Markdown file, in order."""
+    """(info string, content) of every fenced block of a Markdown file, in order.
+
+    A block closes at a line of only backticks, at least as many as opened it, so a
+    four-backtick fence can hold a protocol block's three-backtick fences.
+    """
     blocks: list[tuple[str, str]] = []
     info: str | None = None
+    opening = ""
     lines: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         fence = _FENCE.match(line)
         if info is None:
             if fence:
-                info, lines = fence.group(1).strip(), []
-        elif line == "```":
+                opening, info, lines = fence.group(1), fence.group(2).strip(), []
+        elif fence and not fence.group(2).strip() and len(fence.group(1)) >= len(opening):
             blocks.append((info, "\n".join(lines)))
             info = None
         else:
@@ -54,18 +61,27 @@ def fenced_blocks(path: Path) -> list[tuple[str, str]]:
     return blocks
 
 
+class Text(str):
+    """A documented ``text output``: compared as text, not as JSON."""
+
+
 def examples(path: Path) -> list[tuple[str, Any]]:
-    """Each ``sh example`` block with the JSON of the ``json output`` block after it
-    (None when there is none)."""
+    """Each ``sh example`` block with what the output block after it documents: parsed
+    JSON (``json output``), ``Text`` (``text output``) or None (no output block)."""
     blocks = fenced_blocks(path)
     found: list[tuple[str, Any]] = []
     for i, (info, text) in enumerate(blocks):
-        if info == "json output":
+        if info in ("json output", "text output"):
             assert i and blocks[i - 1][0] == "sh example", f"{path}: output of no example"
         if info != "sh example":
             continue
-        after = blocks[i + 1] if i + 1 < len(blocks) else ("", "")
-        found.append((text, json.loads(after[1]) if after[0] == "json output" else None))
+        kind, shown = blocks[i + 1] if i + 1 < len(blocks) else ("", "")
+        documented: Any = None
+        if kind == "json output":
+            documented = json.loads(shown)
+        elif kind == "text output":
+            documented = Text(shown)
+        found.append((text, documented))
     return found
 
 
@@ -143,6 +159,11 @@ def check_outputs(found: list[tuple[str, Any]], outputs: list[str]) -> None:
     for (text, documented), printed in zip(found, outputs, strict=True):
         if documented is None:
             continue
+        if isinstance(documented, Text):
+            assert printed.strip("\n") == documented.strip("\n"), (
+                f"example:\n{text}\nprinted:\n{printed}\ndocumented:\n{documented}"
+            )
+            continue
         try:
             actual = json.loads(printed)
         except json.JSONDecodeError:
@@ -168,13 +189,22 @@ def test_fenced_blocks_are_found(tmp_path: Path) -> None:
     page.write_text(
         'text\n```sh example\necho \'{"a": 1}\'\n```\n\n```json output\n{"a": 1}\n```\n'
         "```sh\nnot run\n```\n```sh example\ntrue\n```\n"
+        "```sh example\nprintf 'x\\n```\\n'\n```\n````text output\nx\n```\n````\n"
     )
     found = examples(page)
-    assert found == [("echo '{\"a\": 1}'", {"a": 1}), ("true", None)]
+    assert found == [
+        ("echo '{\"a\": 1}'", {"a": 1}),
+        ("true", None),
+        ("printf 'x\\n```\\n'", "x\n```"),
+    ]
+    assert isinstance(found[2][1], Text)
     outputs = run_examples(found, tmp_path, dict(os.environ))
     check_outputs(found, outputs)
     page.write_text('```sh example\necho \'{"a": 2}\'\n```\n```json output\n{"a": 1}\n```\n')
     with pytest.raises(AssertionError, match=r"\$.a: documented 1, got 2"):
+        check_outputs(examples(page), run_examples(examples(page), tmp_path, dict(os.environ)))
+    page.write_text("```sh example\necho y\n```\n```text output\nx\n```\n")
+    with pytest.raises(AssertionError, match="documented:"):
         check_outputs(examples(page), run_examples(examples(page), tmp_path, dict(os.environ)))
 
 
@@ -218,7 +248,7 @@ async def test_http_api_examples_run_against_a_real_gateway(
     found = examples(doc)
     # The page's own walk-through: two agents, a REQUEST and its RESPONSE, commands.
     script = "\n".join(text for text, _ in found)
-    for needed in ("bpgw build REQUEST", "bpgw build RESPONSE", "/v1/commands", "cancel"):
+    for needed in ("bpgw build REQUEST", "bpgw reply", "/v1/commands", "cancel"):
         assert needed in script, needed
     gw_toml = tmp_path / "gw.toml"
     gw_toml.write_text(
