@@ -78,6 +78,18 @@ def _store_answers() -> Iterator[None]:
         raise Unavailable(f"the state store cannot answer now ({exc}); retry") from exc
 
 
+def create_adapters(config: GatewayConfig) -> dict[str, Adapter]:
+    """Every enabled transport's adapter (after importing ``[gateway] adapter_modules``,
+    which register extra kinds); creating one connects nothing. Raises
+    ``adapters.base.ConfigError`` for a bad transport table."""
+    for module in config.gateway.adapter_modules:
+        importlib.import_module(module)
+    return {
+        name: create_adapter(config.transport_kind(name), name, config.transport_options(name))
+        for name in config.enabled_transports()
+    }
+
+
 class Gateway:
     """One running gateway process."""
 
@@ -108,13 +120,8 @@ class Gateway:
         """Open state, create and start every enabled transport; return once running."""
         cfg = self.config
         settings = cfg.state_settings()
-        for module in cfg.gateway.adapter_modules:
-            importlib.import_module(module)  # registers its transport kinds
         # Create adapters first: a bad transport config fails before anything starts.
-        for name in cfg.enabled_transports():
-            self.adapters[name] = create_adapter(
-                cfg.transport_kind(name), name, cfg.transport_options(name)
-            )
+        self.adapters.update(create_adapters(cfg))
         self._redis = await open_redis(settings)
         try:
             await self._start_on(self._redis.client)

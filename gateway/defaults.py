@@ -37,8 +37,9 @@ def ainet_options(data_dir: Path) -> dict[str, Any]:
     }
 
 
-def load_or_create_tokens(data_dir: Path) -> dict[str, str]:
-    """Tokens for the demo agents and the operator, created on first use."""
+def load_or_create_tokens(data_dir: Path, *, create: bool = True) -> dict[str, str]:
+    """Tokens for the demo agents and the operator, created on first use (with
+    ``create=False`` missing ones are made up and nothing is written: ``bpgw check``)."""
     path = data_dir / "tokens.json"
     wanted = [*DEMO_AGENTS, OPERATOR]
     tokens: dict[str, str] = {}
@@ -52,6 +53,8 @@ def load_or_create_tokens(data_dir: Path) -> dict[str, str]:
         return tokens
     for name in wanted:
         tokens.setdefault(name, secrets.token_urlsafe(24))
+    if not create:
+        return tokens
     data_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -60,10 +63,15 @@ def load_or_create_tokens(data_dir: Path) -> dict[str, str]:
 
 
 def embedded_config(
-    data_dir: Path = Path(".bpgw"), *, port: int = DEFAULT_HTTP_PORT, redis_url: str = "embedded"
+    data_dir: Path = Path(".bpgw"),
+    *,
+    port: int = DEFAULT_HTTP_PORT,
+    redis_url: str = "embedded",
+    create: bool = True,
 ) -> tuple[GatewayConfig, dict[str, str]]:
-    """The default configuration and the tokens it uses."""
-    tokens = load_or_create_tokens(data_dir)
+    """The default configuration and the tokens it uses (``create``: as in
+    `load_or_create_tokens`)."""
+    tokens = load_or_create_tokens(data_dir, create=create)
     data: dict[str, Any] = {
         "gateway": {"data_dir": str(data_dir), "log_format": "text"},
         "state": {"redis_url": redis_url},

@@ -3,6 +3,8 @@ bad URLs, a taken port, data folders (issue 8 items 1-4)."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from cli_kit import bpgw, cli_env
+
+from servers import free_port
 
 READ_COMMANDS = (("show", "lotbot-1"), ("outbox",), ("identity", "show", "Lotbot"))
 
@@ -124,3 +128,64 @@ def test_run_on_a_taken_port_says_one_line_and_tears_down_quietly(
         (failure,) = [line for line in lines if not line.startswith("info ")]
         assert failure.startswith("bpgw: cannot start: ") and "address already in use" in failure
         assert len(lines) <= 3, lines
+
+
+def _check_config(tmp_path: Path, redis_url: str, namespace: str, port: int) -> Path:
+    config = tmp_path / "gw.toml"
+    config.write_text(
+        f'[state]\nredis_url = "{redis_url}"\nnamespace = "{namespace}"\n'
+        f'[transports.http]\nport = {port}\n[transports.http.tokens]\nLotbot = "lotbot-token"\n'
+    )
+    return config
+
+
+def _rows(out: str) -> dict[str, str]:
+    """The verdict of each check in the table (check name -> ok, warn or FAIL)."""
+    rows = {}
+    for line in out.splitlines():
+        if line[:4].strip() in ("ok", "warn", "FAIL"):
+            verdict, rest = line[:4].strip(), line[6:]
+            rows[rest.split("  ")[0].strip()] = verdict
+    return rows
+
+
+def test_check_ready_config_exits_0(tmp_path: Path, redis_url: str, namespace: str) -> None:
+    port = free_port()
+    config = _check_config(tmp_path, redis_url, namespace, port)
+    proc = bpgw("check", "--config", str(config), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    assert rows["configuration"] == rows["state store"] == "ok", proc.stdout
+    assert rows["state store: memory"] == "ok"
+    assert {k: v for k, v in rows.items() if k.startswith("transport http")} == {
+        f"transport http: listen 127.0.0.1:{port}": "ok",
+        "transport http: tokens": "ok",
+    }
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("ready")
+    assert re.search(r"^ok +state store +(Redis|Valkey) \d", proc.stdout, re.M)
+
+
+def test_check_fails_with_the_fix(
+    tmp_path: Path, redis_url: str, namespace: str, taken_port: int
+) -> None:
+    config = _check_config(tmp_path, redis_url, namespace, taken_port)
+    proc = bpgw("check", "--config", str(config), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert _rows(proc.stdout)[f"transport http: listen 127.0.0.1:{taken_port}"] == "FAIL"
+    assert "is taken" in proc.stdout and "fix: stop what listens there" in proc.stdout
+    assert "[transports.http] port" in proc.stdout
+    assert proc.stdout.rstrip().endswith("not ready: 1 check(s) failed")
+
+    dead = _check_config(tmp_path, f"redis://127.0.0.1:{free_port()}/0", namespace, 0)
+    proc = bpgw("check", "--config", str(dead), "--json", cwd=tmp_path)
+    assert proc.returncode == 1
+    found = json.loads(proc.stdout)
+    state = next(c for c in found["checks"] if c["check"] == "state store")
+    assert found["ready"] is False and state["status"] == "FAIL"
+    assert "cannot connect" in state["detail"] and "start Redis there" in state["fix"]
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[state]\nredis_url = "notaurl"\n')
+    proc = bpgw("check", "--config", str(bad), cwd=tmp_path)
+    assert proc.returncode == 1 and "FAIL  configuration" in proc.stdout
+    assert "state.redis_url" in proc.stdout and "fix: correct the key" in proc.stdout

@@ -7,10 +7,13 @@ inboxes live in Redis (adapters/http/inbox.py), shared by every replica.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import itertools
 import logging
 import secrets
-from collections.abc import Mapping
+import socket
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +29,7 @@ from adapters.base import (
     HealthState,
     Outbound,
     OwnedName,
+    Probe,
     Receipt,
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
@@ -78,6 +82,38 @@ def _ack_id(text: str | None) -> str | None:
     if not ACK_ID.match(text):
         raise ApiError(400, "ack: a message id looks like 1735000000000-0")
     return text
+
+
+async def _bind_problem(host: str, port: int, table: str) -> tuple[str, str] | None:
+    """Why ``host:port`` can not be listened on, with the fix (naming the config
+    ``table`` to change); None when it can."""
+    where = f"{host}:{port}"
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        return (f"{host} does not resolve: {exc}", f"set [{table}] host to an address of this "
+                "machine")
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            # As aiohttp's server binds: reuse allowed, so TIME_WAIT leftovers do not count.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return (f"{where} is taken: {exc.strerror}",
+                            "stop what listens there (a gateway already running?) or set "
+                            f"[{table}] port")
+                if exc.errno == errno.EACCES:
+                    return (f"{where}: {exc.strerror}",
+                            "use a port above 1023, or let the gateway bind low ports "
+                            "(CAP_NET_BIND_SERVICE)")
+                return (f"{where}: {exc.strerror or exc}",
+                        f"set [{table}] host to an address of this machine (127.0.0.1 for "
+                        "local agents)")
+    return None
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -192,6 +228,25 @@ class HttpAdapter(Adapter):
             log.info("http transport %s stopped", self.name)
         self._url = None
         self.set_health(HealthState.DOWN, "stopped")
+
+    async def probe(self) -> Sequence[Probe]:
+        """The listening address can be bound (as ``start`` will: every address ``host``
+        resolves to), and agents have tokens to post with."""
+        s = self.settings
+        check = f"transport {self.name}: listen {s.host}:{s.port}"
+        problem = await _bind_problem(s.host, s.port, f"transports.{self.name}")
+        if problem is None:
+            found = [Probe(check, True, "free" if s.port else "any free port")]
+        else:
+            found = [Probe(check, False, problem[0], problem[1])]
+        names = f"transport {self.name}: tokens"
+        if s.tokens:
+            found.append(Probe(names, True, f"{len(s.tokens)} agent(s), "
+                               f"{len(s.operator_tokens)} operator(s)"))
+        else:
+            found.append(Probe(names, True, "no agent tokens: no agent can post here",
+                               f"add [transports.{self.name}.tokens] NAME = \"env:VAR\""))
+        return found
 
     def owned_names(self) -> list[OwnedName]:
         """Each agent token proves its name: identity ``<transport>:<name>``, inbox address

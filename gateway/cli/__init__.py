@@ -6,7 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import identity_cmds, mq9_cmds, outbox_cmds, protocol_cmds, run_cmds, state_cmds
+from gateway.cli import (
+    check_cmds,
+    identity_cmds,
+    mq9_cmds,
+    outbox_cmds,
+    protocol_cmds,
+    run_cmds,
+    state_cmds,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bpgw", description="bot-protocol gateway: parse, track, enforce and relay."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (protocol_cmds, state_cmds, identity_cmds, run_cmds, mq9_cmds, outbox_cmds):
+    for module in (
+        protocol_cmds, state_cmds, identity_cmds, run_cmds, check_cmds, mq9_cmds, outbox_cmds
+    ):
         module.register(sub)
     return parser
 

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from adapters.base import ConfigError as TransportConfigError
-from adapters.base import create_adapter
 from gateway.agents import AgentDirectory
+from gateway.app import create_adapters
 from gateway.cli.state_cmds import add_connection_options, config_from_args, with_redis
 from gateway.commands import identity_fields
 from gateway.config import ConfigError
@@ -25,11 +25,7 @@ def _with_directory(
         # Names that transport credentials own (HTTP tokens); creating an adapter
         # connects nothing.
         owned = [
-            item
-            for name in config.enabled_transports()
-            for item in create_adapter(
-                config.transport_kind(name), name, config.transport_options(name)
-            ).owned_names()
+            item for adapter in create_adapters(config).values() for item in adapter.owned_names()
         ]
     except (ConfigError, TransportConfigError) as exc:
         print(f"bpgw: {exc}", file=sys.stderr)

@@ -30,28 +30,39 @@ from state.connection import EMBEDDED, BadRedisURL, embedded_folder
 def register(sub: Any) -> None:
     """Add ``run`` and ``demo``."""
     run = sub.add_parser("run", help="run the gateway (embedded defaults without --config)")
-    run.add_argument("--config", type=Path, help="TOML config file (see config.example.toml)")
-    run.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="data folder (embedded Valkey, demo tokens); overrides [gateway] data_dir "
-        "(default: from the config, else ./.bpgw)",
-    )
-    run.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        help=f"HTTP port of the embedded defaults (default {DEFAULT_HTTP_PORT}); with --config "
-        "set [transports.NAME] port instead",
-    )
+    add_run_options(run)
     run.set_defaults(handler=_cmd_run)
     demo = sub.add_parser("demo", help="run a gateway and three scripted agents end to end")
     demo.add_argument("--json", action="store_true", help="print the conversation as JSON")
     demo.set_defaults(handler=_cmd_demo)
 
 
-def _config_for(args: argparse.Namespace) -> tuple[GatewayConfig, dict[str, str] | None]:
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--config, --data-dir and --port: what ``run`` runs (``check`` checks the same)."""
+    parser.add_argument(
+        "--config", type=Path, help="TOML config file (see config.example.toml)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="data folder (embedded Valkey, demo tokens); overrides [gateway] data_dir "
+        "(default: from the config, else ./.bpgw)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"HTTP port of the embedded defaults (default {DEFAULT_HTTP_PORT}); with --config "
+        "set [transports.NAME] port instead",
+    )
+
+
+def gateway_config(
+    args: argparse.Namespace, *, create: bool = True
+) -> tuple[GatewayConfig, dict[str, str] | None]:
+    """The configuration ``run`` uses, and the demo tokens when it is the embedded
+    defaults (``create``: as in `embedded_config`)."""
     # The config file (or defaults), BPGW_* environment overrides, then --data-dir.
     config = config_from_args(args)
     if args.config is not None:
@@ -65,6 +76,7 @@ def _config_for(args: argparse.Namespace) -> tuple[GatewayConfig, dict[str, str]
         config.gateway.data_dir,
         port=DEFAULT_HTTP_PORT if args.port is None else args.port,
         redis_url=config.state.redis_url,
+        create=create,
     )
 
 
@@ -139,7 +151,7 @@ def _run_loop(main: Coroutine[Any, Any, int]) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
-        config, tokens = _config_for(args)
+        config, tokens = gateway_config(args)
         configure_logging(config.gateway.log_level, config.gateway.log_format)
         return _run_loop(_serve(config, tokens))
     except (ConfigError, TransportConfigError) as exc:
