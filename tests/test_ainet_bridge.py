@@ -23,6 +23,7 @@ from protocol import (
     build_broadcast,
     build_request,
     parse,
+    render,
     reply_clarify,
     reply_response,
 )
@@ -389,3 +390,16 @@ def test_config_example_documents_every_option() -> None:
     for key in AinetSettings.model_fields:
         assert re.search(rf"^# {key} = ", text, re.M) or re.search(
             rf"^# \[transports\.ainet\.{key}\]", text, re.M), f"[transports.ainet] {key}"
+
+
+async def test_a_block_too_large_for_a_file_is_refused_before_writing(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    config = bridge_config(redis_url, namespace, tmp_path, max_message_bytes=4096)
+    async with chat_and_bridge(config) as (gw, _chat):
+        big = build_request(sender="Lotbot", to=PEER, task="z" * 5000, request_id="lotbot-big")
+        with pytest.raises(DeliveryError) as refused:
+            await bridge(gw).send(Outbound(Address("ainet", PEER), render(big),
+                                           recipient=PEER, request_id="lotbot-big", id="9-0"))
+        assert refused.value.code == "too_large"
+        assert not _files(tmp_path / "shared" / "tasks", "*lotbot-big*")

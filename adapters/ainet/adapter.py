@@ -45,6 +45,7 @@ from adapters.ainet.mapping import (
     status_of,
 )
 from adapters.ainet.message import AinetMessage, AinetStatus, AinetType
+from adapters.ainet.message import render as render_file
 from adapters.ainet.names import UnsafeNameError, canonical, check_agent_id, check_request_id
 from adapters.ainet.outbound import Plan, Writer
 from adapters.ainet.records import BridgeRecords
@@ -83,6 +84,8 @@ log = logging.getLogger("bpgw.adapters.ainet")
 
 # Room left in a file for the header lines around the content.
 _HEADER_ROOM = 1024
+# The session copy of a message adds its TYPE line.
+_TYPE_LINE_ROOM = 32
 _TURN = re.compile(r"tasks/task-([^/]+)/conversation/[^/]+")
 _FROM = re.compile(r"^\s*FROM\s*[:：]\s*(.+?)\s*$", re.MULTILINE)
 JOIN_TEXT = "AI Agent {id} has joined AINET(AI-Net) collaboration network."
@@ -539,6 +542,12 @@ class AinetAdapter(Adapter):
             session_state=None if slot is None else (
                 SessionState.DONE if slot is SlotKind.RESPONSE else SessionState.PENDING),
         )
+        limit = self.settings.max_message_bytes - _TYPE_LINE_ROOM
+        if any(len(render_file(m).encode()) > limit for m in plan.messages):
+            # One block longer than a file may be: it never fits, and nothing is written.
+            raise DeliveryError(f"can't write to {message.address}: a block of it is over "
+                                f"max_message_bytes ({self.settings.max_message_bytes})",
+                                code="too_large")
         try:
             outcome = await asyncio.to_thread(writer.write, plan)
         except LayoutError as exc:
@@ -557,11 +566,13 @@ class AinetAdapter(Adapter):
         if "slot" in keys and plan.slot is not None:
             marks.append((keys["slot"], " ".join(session) or "spooled"))
         await records.mark_delivered(marks)
-        earlier = [ids for ids in done.values() if ids is not None and ids != "spooled"]
-        ids = (*turns, *session, *(i for ids in earlier for i in ids.split()))
-        log.debug("ainet transport %s: wrote %s", self.name, ids,
+        log.debug("ainet transport %s: wrote %s", self.name, turns + session,
                   extra={"request_id": message.request_id, "trace_id": message.trace_id})
-        return Receipt(tuple(ids))
+        # The message's native ids are its conversation turns (one per chunk); the session
+        # file is a second copy for single-exchange agents, named only when there is no turn.
+        turns = turns or (done.get("turn") or "").split()
+        session = [i for i in session or (done.get("slot") or "").split() if i != "spooled"]
+        return Receipt(tuple(turns or session))
 
     async def _placement(self, message: Outbound, request_id: str | None
                          ) -> tuple[str | None, bool]:
