@@ -56,7 +56,7 @@ def segments(text: str) -> Iterator[tuple[str, bool]]:
             i += 1
             continue
         end = i + 1
-        while end < len(lines) and not _closes(lines[end], width):
+        while end < len(lines) and not ("`" in lines[end] and _closes(lines[end], width)):
             end += 1
         end = min(end, len(lines) - 1)
         yield "".join(lines[i : end + 1]), True

@@ -258,6 +258,37 @@ async def test_cancel_refused_ephemeral_for_a_non_operator_allowed_by_role(
         assert conv is not None and str(conv.status) == "cancelled"
 
 
+async def test_a_slow_command_is_deferred_then_followed_up(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        adapter = gw.adapters["dc"]
+        assert isinstance(adapter, DiscordAdapter)
+        adapter.answer_within_seconds = 0.0  # as if the gateway took longer than Discord's 3 s
+        token = await emulator.interact("visitor", "help")
+        await emulator.wait_for(lambda: len(
+            [a for a in emulator.interaction_answers if a["token"] == token]) == 2)
+        deferred, followup = [a for a in emulator.interaction_answers if a["token"] == token]
+        assert deferred["type"] == 5  # "thinking"
+        assert followup["type"] == "followup"
+        assert followup["data"]["embeds"][0]["title"] == "bot-protocol gateway commands"
+
+
+async def test_allow_lists_limit_channels_and_commands(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway(channels=[emulator.channels["ops"]]) as gw:
+        side = memory(gw, "side")
+        await emulator.post("peer", request_text("peer-a1"))  # general: not read
+        await emulator.post("peer", request_text("peer-a2"), channel="ops")
+        got = await side.wait_sent(lambda o: "peer-a" in o.text)
+        assert "peer-a2" in got.text and await gw.store.get("peer-a1") is None
+        token = await emulator.interact("op", "status")  # asked in general
+        refused = await emulator.wait_for(lambda: answer(emulator, token))
+        assert refused["data"]["flags"] & EPHEMERAL
+        assert "not enabled in this channel" in refused["data"]["embeds"][0]["title"]
+
+
 async def test_text_commands_keep_working_with_roles(
     emulator: DiscordEmulator, start_gateway: Callable[..., Any]
 ) -> None:

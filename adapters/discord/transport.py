@@ -151,6 +151,8 @@ class DiscordAdapter(Adapter):
         self.reconnects = 0
         self.resumes = 0
         self.commands_synced = "not yet"
+        # A command not answered within this is deferred ("thinking"), then followed up.
+        self.answer_within_seconds = ANSWER_WITHIN_SECONDS
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -355,7 +357,7 @@ class DiscordAdapter(Adapter):
             roles=roles_of(user),
         )
         running = asyncio.ensure_future(sink.on_command(request))
-        done, _ = await asyncio.wait({running}, timeout=ANSWER_WITHIN_SECONDS)
+        done, _ = await asyncio.wait({running}, timeout=self.answer_within_seconds)
         if not done:
             await interaction.response.defer(thinking=True)
         try:
