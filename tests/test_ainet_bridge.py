@@ -348,7 +348,8 @@ async def test_probe_owned_names_and_options(tmp_path: Path) -> None:
                                                 "agents": {PEER: "Reviewer"}})
     [workspace, state, events] = await adapter.probe()
     assert not workspace.ok and "not a folder" in workspace.detail and workspace.fix
-    assert state.ok and events.ok
+    assert state.ok and "will be created" in state.detail and events.ok
+    assert not (tmp_path / "st").exists()  # a probe creates nothing
     shared.mkdir()
     assert all(p.ok for p in await adapter.probe())
     assert not list(shared.iterdir())  # the probe file is removed again

@@ -642,18 +642,21 @@ def _guess_sender(path: Path, limit: int) -> str | None:
 
 
 def _probe_folder(check: str, folder: Path, create: bool) -> Probe:
-    """Write and remove a probe file in ``folder`` (created first when ``create``)."""
+    """Write and remove a probe file in ``folder``; when it is missing and ``create`` (start
+    creates it), in the nearest existing folder above it instead. Creates nothing."""
+    target, note = folder, "is writable"
+    if create and not folder.exists():
+        target = next((p for p in folder.absolute().parents if p.exists()), Path("/"))
+        note = f"will be created in {target}, which is writable"
     try:
-        if create:
-            folder.mkdir(parents=True, exist_ok=True)
-        if not folder.is_dir():
+        if not target.is_dir():
             return Probe(check, False, f"{folder} is not a folder",
                          "mount or create it (or set create_workspace = true)")
-        probe = folder / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        probe = target / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}{TEMP_SUFFIX}"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         os.close(fd)
         probe.unlink()
     except OSError as exc:
-        return Probe(check, False, f"{folder}: {exc.strerror or exc}",
+        return Probe(check, False, f"{target}: {exc.strerror or exc}",
                      "give the gateway's user write access to it")
-    return Probe(check, True, f"{folder} is writable")
+    return Probe(check, True, f"{folder} {note}")
