@@ -22,7 +22,7 @@ from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_command
 from protocol.names import name_key
-from state.records import ACTIVE, Conversation, ConvStatus, Outcome
+from state.records import ACTIVE, Conversation, ConvStatus, Event, Outcome
 from state.store import LIST_FILTERS, ConversationStore, list_statuses
 
 log = logging.getLogger("bpgw.gateway.commands")
@@ -80,6 +80,83 @@ class CancelNotice:
 
 def _ago(now: float, then: float | None) -> str:
     return "-" if then is None else format_duration(now - then)
+
+
+def _clock(at: float, *, day: bool) -> str:
+    """``at`` in local time (with the date when ``day``), e.g. ``21:40:02 CET``."""
+    stamp = time.localtime(at)
+    text = time.strftime("%Y-%m-%d %H:%M:%S" if day else "%H:%M:%S", stamp)
+    return f"{text} {time.strftime('%Z', stamp)}".rstrip()
+
+
+def _relative(at: float, now: float) -> str:
+    return f"in {_ago(at, now)}" if at > now else f"{_ago(now, at)} ago"
+
+
+def _event_to(conv: Conversation, event: Event) -> str:
+    """Who an event went to. An operator's CANCEL tells both parties and the gateway's
+    own CLOSE the requester; the store records no recipient for either."""
+    if event.to:
+        return event.to
+    if event.type == "CANCEL":
+        parties = dict.fromkeys((conv.requester, conv.assignee))  # one name when the same
+        return ", ".join(parties)
+    return conv.requester if event.type == "CLOSE" else "-"
+
+
+def conversation_result(
+    conv: Conversation, now: float, *, local_times: bool = False
+) -> CommandResult:
+    """``show``: one conversation with its history, as chat, HTTP and ``bpgw show`` show it.
+
+    Times are ages ("5m ago"); with ``local_times`` (a terminal on the gateway's host)
+    also the local clock time, and the age becomes the opening time.
+    """
+
+    def when(at: float, *, day: bool = False) -> str:
+        relative = _relative(at, now)
+        return f"{_clock(at, day=day)} ({relative})" if local_times else relative
+
+    origin = conv.origin
+    deadline = "-" if conv.deadline is None or conv.is_terminal else when(conv.deadline)
+    opened = (
+        ("opened", when(conv.created_at, day=True))
+        if local_times
+        else ("age", _ago(now, conv.created_at))
+    )
+    return CommandResult(
+        title=f"{conv.kind} {conv.request_id}: {conv.status}",
+        fields=(
+            ("TraceId", conv.trace_id or "-"),
+            ("requester", f"@{conv.requester}"),
+            ("assignee", f"@{conv.assignee}"),
+            ("owes reply", "-" if conv.is_terminal else f"@{conv.owes_reply}"),
+            ("depth", f"{conv.depth_current}/{conv.depth_max}"),
+            ("priority", conv.priority),
+            ("task", conv.task or "-"),
+            opened,
+            ("deadline", deadline),
+            (
+                "origin",
+                f"{origin.transport}:{origin.channel}"
+                + (f"#{origin.thread}" if origin.thread else ""),
+            ),
+        ),
+        columns=("when", "type", "from", "to", "depth", "status", "via", "excerpt"),
+        rows=tuple(
+            (
+                when(e.at),
+                e.type,
+                e.sender,
+                _event_to(conv, e),
+                f"{e.depth_current}/{e.depth_max}",
+                e.status,
+                e.transport,
+                e.excerpt,
+            )
+            for e in conv.history
+        ),
+    )
 
 
 class Commands:
@@ -223,48 +300,7 @@ class Commands:
         conv = await self._store.get(cmd.args[0], with_history=True)
         if conv is None:
             return CommandResult(title=f"no conversation {cmd.args[0]!r}", ok=False)
-        now = time.time()
-        origin = conv.origin
-        return CommandResult(
-            title=f"{conv.kind} {conv.request_id}: {conv.status}",
-            fields=(
-                ("TraceId", conv.trace_id or "-"),
-                ("requester", f"@{conv.requester}"),
-                ("assignee", f"@{conv.assignee}"),
-                ("owes reply", "-" if conv.is_terminal else f"@{conv.owes_reply}"),
-                ("depth", f"{conv.depth_current}/{conv.depth_max}"),
-                ("priority", conv.priority),
-                ("task", conv.task or "-"),
-                ("age", _ago(now, conv.created_at)),
-                (
-                    "deadline",
-                    "-"
-                    if conv.deadline is None
-                    else f"in {_ago(conv.deadline, now)}"
-                    if conv.deadline > now
-                    else f"{_ago(now, conv.deadline)} ago",
-                ),
-                (
-                    "origin",
-                    f"{origin.transport}:{origin.channel}"
-                    + (f"#{origin.thread}" if origin.thread else ""),
-                ),
-            ),
-            columns=("when", "type", "from", "to", "depth", "status", "via", "excerpt"),
-            rows=tuple(
-                (
-                    f"{_ago(now, e.at)} ago",
-                    e.type,
-                    e.sender,
-                    e.to,
-                    f"{e.depth_current}/{e.depth_max}",
-                    e.status,
-                    e.transport,
-                    e.excerpt,
-                )
-                for e in conv.history
-            ),
-        )
+        return conversation_result(conv, time.time())
 
     async def _list(self, cmd: CommandRequest) -> CommandResult:
         try:

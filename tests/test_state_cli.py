@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
-from test_state_helpers import ORIGIN, T0, clarify, request, store
+from test_state_helpers import ORIGIN, T0, clarify, request, response, store
 
 from gateway.cli import main
 from state.store import ConversationStore
@@ -70,3 +72,29 @@ async def test_state_commands_read_the_gateway_config(
 
     code, err = await asyncio.to_thread(run_bad)
     assert code == 2 and "state.namespace" in err
+
+
+async def test_show_a_finished_conversation_as_http_shows_it(
+    store: ConversationStore, redis_url: str, namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    now = time.time()
+    await store.apply(request("fin-1"), ORIGIN, now=now - 600)
+    await store.apply(response("fin-1"), ORIGIN, now=now - 300)
+    await store.apply(request("fin-2"), ORIGIN, now=now - 120)
+    await store.cancel("fin-2", by="admin", reason="wrong host", now=now - 60)
+    code, out = await _to_thread(capsys, redis_url, namespace, "show", "fin-1")
+    fields = dict(line.split(": ", 1) for line in out.splitlines()[1:11])
+    assert code == 0 and out.startswith("REQUEST fin-1: done\n")
+    assert fields["owes reply"] == "-" and fields["deadline"] == "-"
+    clock = r"\d\d:\d\d:\d\d( \S+)?"
+    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d {clock} \(10m( \d+s)? ago\)", fields["opened"])
+    assert "None" not in out and str(int(now)) not in out  # no raw epoch seconds
+    assert re.search(rf"^{clock} \(5m( \d+s)? ago\)\s+RESPONSE\s+Mantis\s+Lotbot\s", out, re.M)
+    code, out = await _to_thread(capsys, redis_url, namespace, "show", "fin-2")
+    assert out.startswith("REQUEST fin-2: cancelled\n")
+    cancel = r"\(1m( \d+s)? ago\)\s+CANCEL\s+admin\s+Lotbot, Mantis\s+1/5\s+cancelled\s"
+    assert re.search(cancel, out), out
+    code, out = await _to_thread(capsys, redis_url, namespace, "show", "fin-1", "--json")
+    shown = json.loads(out)
+    assert shown["status"] == "done" and shown["owes_reply"] is None

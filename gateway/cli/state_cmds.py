@@ -15,6 +15,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from gateway.app import conversation_to_dict
+from gateway.commands import conversation_result
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_status
@@ -160,16 +162,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"no conversation {args.request_id} is known")
             return 1
         if args.json:
-            _print_json(asdict(conv))
+            _print_json(conversation_to_dict(conv))
             return 0
-        print(f"{conv.request_id}  {conv.kind}  {conv.status}  depth "
-              f"{conv.depth_current}/{conv.depth_max}  priority {conv.priority}")
-        print(f"  {conv.requester} -> {conv.assignee}; waiting on {conv.owes_reply}; "
-              f"deadline {conv.deadline}; origin {conv.origin.transport}/{conv.origin.channel}")
-        print(f"  task: {conv.task}")
-        for e in conv.history:
-            print(f"  {e.at:.3f}  {e.type:<9} {e.sender} -> {e.to}  "
-                  f"{e.depth_current}/{e.depth_max}  {e.status}  {e.excerpt}")
+        print(conversation_result(conv, time.time(), local_times=True).to_text())
         return 0
 
     return with_store(args, body)
@@ -200,7 +195,8 @@ def register(sub: Any) -> None:
     show = sub.add_parser("show", help="one conversation with its whole history")
     show.add_argument("request_id", metavar="REQUEST_ID", help="the conversation's RequestId")
     show.add_argument("--json", action="store_true",
-                      help="print the conversation as JSON (epoch seconds)")
+                      help="print the conversation as JSON, as GET /v1/conversations/ID "
+                      "returns it (times in epoch seconds)")
     show.set_defaults(handler=cmd_show)
     sweep = sub.add_parser("sweep", help="time out due conversations and purge old ones")
     sweep.add_argument("--once", action="store_true", required=True,
