@@ -1,8 +1,12 @@
-"""What every benchmark script shares: one JSON object per result line."""
+"""What every benchmark script shares: one JSON object per result line, ports, process
+counters (CPU, peak memory) and percentiles."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 
@@ -16,3 +20,39 @@ def emit(
         row["target"] = target
     row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values`` by nearest rank; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (its own counters, Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident memory of process ``pid`` in MiB (VmHWM, Linux /proc); NaN if gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
