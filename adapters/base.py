@@ -147,6 +147,9 @@ class Capabilities:
     # Every inbound native id is minted fresh by this process (the HTTP API): the platform
     # never shows one message twice, so the gateway skips the cross-replica inbound claim.
     fresh_native_ids: bool = False
+    # ``send_batch`` stores several messages for one destination in one round trip (the
+    # HTTP inboxes): the outbox hands it every message waiting for a destination at once.
+    batched_sends: bool = False
 
 
 class HealthState(StrEnum):
@@ -422,6 +425,23 @@ class Adapter(ABC):
     @abstractmethod
     async def send(self, message: Outbound) -> Receipt:
         """Deliver one outbound message; raise ``DeliveryError`` when it can't be."""
+
+    async def send_batch(self, messages: Sequence[Outbound]) -> list[Receipt | DeliveryError]:
+        """Deliver ``messages`` (all for one destination) in order.
+
+        Returns one ``Receipt`` per message delivered, in order; a delivery that failed
+        ends the list with its ``DeliveryError`` and the messages after it are not tried.
+        The default sends one by one; a transport that can do better sets
+        ``capabilities.batched_sends``.
+        """
+        out: list[Receipt | DeliveryError] = []
+        for message in messages:
+            try:
+                out.append(await self.send(message))
+            except DeliveryError as exc:
+                out.append(exc)
+                break
+        return out
 
     @abstractmethod
     async def stop(self) -> None:

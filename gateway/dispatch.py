@@ -293,17 +293,67 @@ class Dispatcher:
                 await self._enqueue_retry(dest, items)
                 return
             done = await self._sent_before(dest, items) if replay else [None] * len(items)
-            for i, item in enumerate(items):
-                outcome = done[i] or await self._attempt(item)
-                if isinstance(outcome, Receipt):
-                    self._record(dest, item, outcome, writes)
-                    continue
-                failed = self._failed(item, outcome)
+            start = 0
+            while start < len(items):
+                sent, failed = await self._deliver_in_order(
+                    dest, items[start:], done[start:], writes
+                )
+                if failed is None:
+                    return
+                at = start + sent
                 if failed.attempts >= self._s.max_attempts:
                     await self._bury(dest, failed)
+                    start = at + 1
                     continue
-                await self._enqueue_retry(dest, [failed, *items[i + 1:]])
+                await self._enqueue_retry(dest, [failed, *items[at + 1:]])
                 return
+
+    async def _deliver_in_order(
+        self, dest: str, items: Sequence[Item], done: Sequence[Receipt | None], writes: _Writes
+    ) -> tuple[int, Item | None]:
+        """Deliver ``items`` in order until one fails (``done``: receipts of those sent
+        before a crash); how many went through, and the failed one with its attempt
+        counted (None when all went through)."""
+        sent = 0
+        while sent < len(items):
+            receipt = done[sent]
+            if receipt is not None:
+                self._record(dest, items[sent], receipt, writes)
+                sent += 1
+                continue
+            end = sent
+            while end < len(items) and done[end] is None:
+                end += 1
+            run = items[sent:end]
+            for item, outcome in zip(run, await self._send_run(run), strict=False):
+                if not isinstance(outcome, Receipt):
+                    return sent, self._failed(item, outcome)
+                self._record(dest, item, outcome, writes)
+                sent += 1
+        return sent, None
+
+    async def _send_run(self, items: Sequence[Item]) -> list[Receipt | Exception]:
+        """Send ``items`` (one destination) in order until one fails; their outcomes, at
+        least one. A transport with batched sends gets them in one call, unless a rate
+        limit paces the destination; any other, one by one."""
+        adapter = self._adapters.get(items[0].out.address.transport)
+        if adapter is None or not adapter.capabilities.batched_sends or self._s.rate_per_second:
+            out: list[Receipt | Exception] = []
+            for item in items:
+                out.append(await self._attempt(item))
+                if not isinstance(out[-1], Receipt):
+                    break
+            return out
+        try:
+            results = await asyncio.wait_for(
+                adapter.send_batch([item.out for item in items]), self._s.send_timeout_seconds
+            )
+        except TimeoutError:
+            return [DeliveryError(f"no answer within {self._s.send_timeout_seconds:g}s")]
+        except Exception as exc:  # an adapter bug must not stop the outbox
+            log.exception("adapter raised while sending", extra=_extra(items[0]))
+            return [exc]
+        return list(results) or [DeliveryError(f"{adapter.name} sent nothing")]
 
     async def _sent_before(self, dest: str, items: Sequence[Item]) -> list[Receipt | None]:
         """Per item, the receipt of a delivery made before a crash (its idempotency key),
@@ -454,17 +504,14 @@ class Dispatcher:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 writes: _Writes = []
-                sent, failed = 0, None
-                done = await self._sent_before(dest, items)
-                for i, item in enumerate(items):
-                    if sent and item.next_at > time.time():
-                        break  # one that failed on its own waits for its backoff
-                    outcome = done[i] or await self._attempt(item)
-                    if not isinstance(outcome, Receipt):
-                        failed = self._failed(item, outcome)
+                # Items behind the head that failed on their own wait for their backoff.
+                now, ready = time.time(), items[:1]
+                for item in items[1:]:
+                    if item.next_at > now:
                         break
-                    self._record(dest, item, outcome, writes)
-                    sent += 1
+                    ready.append(item)
+                done = await self._sent_before(dest, ready)
+                sent, failed = await self._deliver_in_order(dest, ready, done, writes)
                 buried = failed is not None and failed.attempts >= self._s.max_attempts
                 if buried:
                     assert failed is not None

@@ -26,6 +26,7 @@ from adapters.base import (
     HealthState,
     Outbound,
     OutboundKind,
+    Receipt,
     create_adapter,
 )
 from adapters.http import HttpAdapter
@@ -475,6 +476,30 @@ async def test_full_inbox_raises_delivery_error(adapter: HttpAdapter, api: Api) 
     )
     assert status == 200 and acked == {"acked": body["messages"][0]["id"]}
     await adapter.send(notice("bob", "fits now"))
+
+
+async def test_a_batch_is_stored_in_order_up_to_a_full_inbox(
+    adapter: HttpAdapter, api: Api
+) -> None:
+    """send_batch stores in one round trip what send would one by one: a journal id
+    already taken answers its first inbox id, and a full inbox ends the batch."""
+    first = await adapter.send(notice("bob", "m0", id="1700000000000-1"))
+    results = await adapter.send_batch([
+        notice("bob", "m0", id="1700000000000-1"),  # replayed: not stored twice
+        notice("bob", "m1", id="1700000000000-2"),
+        notice("bob", "m2", id="1700000000000-3"),
+        notice("bob", "m3", id="1700000000000-4"),  # inbox_max 3: full
+        notice("bob", "m4", id="1700000000000-5"),  # not tried after it
+    ])
+    assert [type(r).__name__ for r in results] == ["Receipt"] * 3 + ["DeliveryError"]
+    assert results[0] == Receipt(("1700000000000-1",)) and first != results[0]
+    full = results[3]
+    assert isinstance(full, DeliveryError) and full.code == "inbox_full"
+    _, body = await api.get("/v1/agents/bob/inbox", BOB)
+    assert [m["text"] for m in body["messages"]] == ["m0", "m1", "m2"]
+    assert [m["id"] for m in body["messages"][1:]] == [
+        r.native_ids[0] for r in results[1:3] if isinstance(r, Receipt)
+    ]
 
 
 async def test_inbox_is_bounded_in_bytes(

@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,8 @@ from state.batching import ScriptBatcher
 
 ACK_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 """The form of a message id (a Redis stream id)."""
+PUT_BATCH_BYTES = 1 << 20
+"""Message bytes one delivery script call carries at most (a batch is split beyond it)."""
 
 _NEWER = """
 local function parse(id)
@@ -211,16 +213,39 @@ class Inboxes:
 
         Raises ``InboxFull`` when the inbox is at its count or byte bound.
         """
-        body = message.body()
-        size = len(body.encode())
-        [(status, value)] = await self._deliver(
-            keys=self._keys(owner),
-            args=[self.max_count, self.max_bytes, journal_id or "", size, body],
-        )
-        if _text(status) == "full":
-            raise InboxFull(f"inbox of {owner} is full: {_text(value)}; the agent is not "
-                            "reading or acknowledging it")
-        return _text(value)
+        [(status, value)] = await self.put_many(owner, [(message, journal_id)])
+        if status == "full":
+            raise InboxFull(value)
+        return value
+
+    async def put_many(
+        self, owner: str, messages: Sequence[tuple[InboxMessage, str | None]]
+    ) -> list[tuple[str, str]]:
+        """Store messages in order, one script call per ``PUT_BATCH_BYTES`` of them.
+
+        Per message ``("ok", inbox id)``, ``("dup", journal id)`` (already stored), or
+        ``("full", why)``, which ends the list: nothing after it is stored, so order holds.
+        """
+        out: list[tuple[str, str]] = []
+        args: list[Any] = []
+        size = 0
+        for i, (message, journal_id) in enumerate(messages):
+            body = message.body()
+            length = len(body.encode())
+            args += [journal_id or "", length, body]
+            size += length
+            if size >= PUT_BATCH_BYTES or i == len(messages) - 1:
+                replies = await self._deliver(
+                    keys=self._keys(owner), args=[self.max_count, self.max_bytes, *args]
+                )
+                for status, value in replies:
+                    if _text(status) == "full":
+                        out.append(("full", f"inbox of {owner} is full: {_text(value)}; the "
+                                    "agent is not reading or acknowledging it"))
+                        return out
+                    out.append((_text(status), _text(value)))
+                args, size = [], 0
+        return out
 
     async def take(
         self,

@@ -33,7 +33,7 @@ from adapters.base import (
     Receipt,
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
-from adapters.http.inbox import ACK_ID, Inboxes, InboxFull, InboxMessage
+from adapters.http.inbox import ACK_ID, Inboxes, InboxMessage
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
     RETRY_AFTER_SECONDS,
@@ -131,6 +131,7 @@ class HttpAdapter(Adapter):
         native_commands=False,
         sees_other_bots=True,
         fresh_native_ids=True,
+        batched_sends=True,
     )
 
     def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
@@ -271,24 +272,46 @@ class HttpAdapter(Adapter):
         when the inbox is at ``inbox_max`` messages or ``inbox_max_bytes``; the outbox
         keeps the message queued and retries, nothing is dropped.
         """
-        owner = message.recipient or message.address.channel
-        item = InboxMessage(
-            id="",
-            text=message.text,
-            kind=str(message.kind),
-            request_id=message.request_id,
-            trace_id=message.trace_id,
-            reply_to=message.reply_to,
-            thread=message.address.thread,
-        )
-        extra = {"request_id": message.request_id, "trace_id": message.trace_id}
-        try:
-            inbox_id = await self._inboxes.put(owner, item, message.id)
-        except InboxFull as exc:
-            log.warning("http transport %s: %s", self.name, exc, extra=extra)
-            raise DeliveryError(str(exc), retry_after=1.0, code="inbox_full") from None
-        log.debug("queued %s %s for %s", item.kind, inbox_id, owner, extra=extra)
-        return Receipt((inbox_id,))
+        [result] = await self.send_batch([message])
+        if isinstance(result, DeliveryError):
+            raise result
+        return result
+
+    async def send_batch(self, messages: Sequence[Outbound]) -> list[Receipt | DeliveryError]:
+        """Put ``messages`` (for one inbox) into it in one round trip, as ``send`` would
+        one by one: a full inbox ends the list with its ``DeliveryError``."""
+        if not messages:
+            return []
+        owner = messages[0].recipient or messages[0].address.channel
+        if any((m.recipient or m.address.channel) != owner for m in messages):
+            return await super().send_batch(messages)  # not one inbox: one by one
+        items = [
+            (
+                InboxMessage(
+                    id="",
+                    text=m.text,
+                    kind=str(m.kind),
+                    request_id=m.request_id,
+                    trace_id=m.trace_id,
+                    reply_to=m.reply_to,
+                    thread=m.address.thread,
+                ),
+                m.id,
+            )
+            for m in messages
+        ]
+        out: list[Receipt | DeliveryError] = []
+        for message, (status, value) in zip(
+            messages, await self._inboxes.put_many(owner, items), strict=False
+        ):
+            extra = {"request_id": message.request_id, "trace_id": message.trace_id}
+            if status == "full":
+                log.warning("http transport %s: %s", self.name, value, extra=extra)
+                out.append(DeliveryError(value, retry_after=1.0, code="inbox_full"))
+                break
+            log.debug("queued %s %s for %s", message.kind, value, owner, extra=extra)
+            out.append(Receipt((value,)))
+        return out
 
     # -- request helpers -------------------------------------------------------------
 
