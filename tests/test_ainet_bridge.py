@@ -172,6 +172,9 @@ def test_bpgw_demo_includes_a_plain_ainet_agent(tmp_path: Path) -> None:
     assert re.search(r"Auditor -> SecurityBot answered in task-securitybot-[0-9a-f]+/"
                      r"002-Device-demo0001-Auditor\.txt", out), out
     assert "as the gateway tracked it: done" in out
+    # Where the state lives: the embedded Valkey and its (temporary) data folder.
+    assert re.search(r"^state in the embedded Valkey at redis://127\.0\.0\.1:\d+ .*, data in "
+                     r"/\S+/valkey \(removed when the demo ends\)$", out, re.M), out
 
 
 async def test_half_written_and_malformed_files(
