@@ -300,3 +300,7 @@ def test_verify_says_why_a_block_failed(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2 and "wrong key: signed with the key in Lotbot.pub, not Mantis's" in out
     code, out, _ = _in_process(capsys, "verify", str(signed), "--keys", str(keys))
     assert code == 0 and out.count(": ok:") == 2
+    huge = tmp_path / "huge.pub"
+    huge.write_bytes(b"A" * 100_000)
+    code, out, err = _in_process(capsys, "verify", str(signed), "--pubkey", str(huge))
+    assert code == 2 and out == "" and "not a key file" in err

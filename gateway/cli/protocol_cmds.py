@@ -61,11 +61,19 @@ def _read_input(source: str | None) -> bytes:
         raise _CliError(f"can not read {source}: {exc.strerror or exc}") from None
 
 
+MAX_KEY_BYTES = 16 * 1024
+"""A PEM Ed25519 key is a few hundred bytes; larger files are not keys."""
+
+
 def _read_key(path: str) -> bytes:
     try:
-        return Path(path).read_bytes()
+        with Path(path).open("rb") as handle:
+            data = handle.read(MAX_KEY_BYTES + 1)
     except OSError as exc:
         raise _CliError(f"can not read key file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_KEY_BYTES:
+        raise _CliError(f"{path} is larger than {MAX_KEY_BYTES} bytes: not a key file")
+    return data
 
 
 def _fail(command: str, problem: object) -> int:
