@@ -7,6 +7,10 @@ SecurityBot) and one operator (admin). Their bearer tokens are random, kept in
 An AINET workspace (transport ``ainet``, docs/ainet.md) is served in
 ``<data_dir>/ainet``: AINET agents join by writing files there; the bridge's own agent
 id and spool live in ``<data_dir>/ainet-state``.
+
+An mq9 transport (``mq9``, docs/mq9.md) on an embedded NATS: a private nats-server with
+JetStream in ``<data_dir>/nats`` and the mq9 service in the gateway, so any mq9 client can
+reach the gateway's mailbox ``bpgw.gateway`` at the NATS URL ``bpgw run`` prints.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ def ainet_options(data_dir: Path) -> dict[str, Any]:
         "discovery": "poll",
         "poll_interval_seconds": 0.5,
     }
+
+
+MQ9_TRANSPORT = "mq9"
+
+
+def mq9_options(data_dir: Path) -> dict[str, Any]:
+    """The embedded mq9 transport: its own nats-server and mq9 service."""
+    return {"kind": "mq9", "nats_url": "embedded", "data_dir": str(data_dir / "nats")}
 
 
 def load_or_create_tokens(data_dir: Path, *, create: bool = True) -> dict[str, str]:
@@ -89,6 +101,7 @@ def embedded_config(
                 "operator_tokens": {OPERATOR: tokens[OPERATOR]},
             },
             AINET_TRANSPORT: ainet_options(data_dir),
+            MQ9_TRANSPORT: mq9_options(data_dir),
         },
     }
     return GatewayConfig.model_validate(data), tokens

@@ -1,17 +1,19 @@
-"""``bpgw demo``: a gateway and three scripted agents talking over the HTTP API.
+"""``bpgw demo``: a gateway and three scripted agents talking through it.
 
 Lotbot asks Mantis for a disk check (REQUEST), Mantis asks which host (CLARIFY), Lotbot
 answers (RESPONSE), Mantis hands the job to SecurityBot (HANDOFF), SecurityBot answers
-Lotbot (RESPONSE done). Each agent only posts blocks and long-polls its inbox, exactly as
-a real agent would; the conversation is then printed as the gateway tracked it.
+Lotbot (RESPONSE done). Agents post blocks and read their inboxes exactly as real agents
+would: over the HTTP API, or (SecurityBot, ``gateway/demo_mq9.py``) as an mq9 client, who
+first consults an AINET agent (``gateway/demo_ainet.py``); the conversation is then printed
+as the gateway tracked it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -43,6 +45,7 @@ class HttpAgent:
     session: aiohttp.ClientSession
     # The id of the last inbox message read, acknowledged with the next poll.
     last_read: str | None = None
+    via: str = "http"
 
     @property
     def _headers(self) -> dict[str, str]:
@@ -75,28 +78,50 @@ class HttpAgent:
         raise DemoError(f"{self.name} waited {wait_seconds}s for a {want} and got {body}")
 
 
+class DemoAgent(Protocol):
+    """A scripted participant on any transport (``via`` names it)."""
+
+    name: str
+    via: str
+
+    async def post(self, msg: Message) -> object:
+        """Send one block to the gateway."""
+
+    async def receive(self, want: MessageType, wait_seconds: float = 10.0) -> Message | None:
+        """The next message of type ``want``; None (or DemoError) when none came."""
+
+
 async def run_demo(
     base_url: str,
     tokens: dict[str, str],
     operator_token: str,
     say: Callable[[str], None],
+    others: Mapping[str, DemoAgent] | None = None,
     auditor: FileAgent | None = None,
 ) -> dict[str, Any]:
     """Play the scripted conversation; return the conversation as the gateway tracked it.
 
-    With ``auditor`` (a plain AINET agent on the gateway's AINET workspace), SecurityBot
+    ``others`` replaces HTTP participants by name with agents on other transports. With
+    ``auditor`` (a plain AINET agent on the gateway's AINET workspace), SecurityBot
     consults it before answering (``gateway/demo_ainet.py``).
     """
     async with aiohttp.ClientSession() as session:
         lot, man, sec = (
-            HttpAgent(n, tokens[n], base_url, session) for n in ("Lotbot", "Mantis", "SecurityBot")
+            (others or {}).get(n) or HttpAgent(n, tokens[n], base_url, session)
+            for n in ("Lotbot", "Mantis", "SecurityBot")
         )
 
-        async def hop(sender: HttpAgent, msg: Message, receiver: HttpAgent) -> Message:
+        async def hop(sender: DemoAgent, msg: Message, receiver: DemoAgent) -> Message:
             """``sender`` posts ``msg``; ``receiver`` reads it from its inbox."""
             await sender.post(msg)
-            say(f"{sender.name:>11} -> {receiver.name:<11} {msg.type:<8} depth {msg.depth}")
-            return await receiver.receive(msg.type)
+            say(
+                f"{sender.name:>11} -> {receiver.name:<11} {msg.type:<8} depth {msg.depth}"
+                f"  ({sender.via} -> {receiver.via})"
+            )
+            got = await receiver.receive(msg.type)
+            if got is None:
+                raise DemoError(f"{receiver.name} waited for a {msg.type} in vain")
+            return got
 
         request = build_request(
             sender="Lotbot",

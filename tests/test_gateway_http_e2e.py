@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from mq9wire import Mq9Wire
 
 from adapters.base import OutboundKind
 from adapters.http import HttpAdapter
+from adapters.mq9.embedded import server_info
 from gateway.app import Gateway
 from protocol import build_request, parse, render, reply_response
 
@@ -130,9 +132,16 @@ def _bpgw(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 
 
+def _env() -> dict[str, str]:
+    """The environment without BPGW_ overrides, running this checkout's code."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    return env
+
+
 async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
+    env = _env()
     env.pop("REDIS_URL", None)
     proc = await asyncio.create_subprocess_exec(
         *_bpgw("run", "--data-dir", str(tmp_path / "data"), "--port", str(port)),
@@ -162,12 +171,29 @@ async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {tokens['Lotbot']}"},
             ) as resp:
                 assert (await resp.json())["outcome"] == "accepted"
-            async with http.get(
-                f"{base}/v1/agents/Mantis/inbox?wait=10",
-                headers={"Authorization": f"Bearer {tokens['Mantis']}"},
-            ) as resp:
-                inbox = await resp.json()
-            assert [parse(m["text"]).messages[0] for m in inbox["messages"]] == [req]
+
+            async def mantis_reads(ack: str = "") -> list[Any]:
+                async with http.get(
+                    f"{base}/v1/agents/Mantis/inbox?wait=10&ack={ack}",
+                    headers={"Authorization": f"Bearer {tokens['Mantis']}"},
+                ) as resp:
+                    messages = (await resp.json())["messages"]
+                return [(m["id"], parse(m["text"]).messages[0]) for m in messages]
+
+            ((first, got),) = await mantis_reads()
+            assert got == req
+            # Any mq9 client reaches the gateway on the embedded NATS (docs/mq9.md).
+            nats_port = int((tmp_path / "data" / "nats" / "port").read_text())
+            wire = await Mq9Wire.connect(f"nats://127.0.0.1:{nats_port}")
+            try:
+                assert (await wire.create("scout.inbox"))["error"] == ""
+                scouting = build_request(sender="Scout", to="Mantis", task="look around")
+                sent = await wire.send("bpgw.gateway", render(scouting),
+                                       **{"mq9-reply-to": "scout.inbox"})
+                assert sent["error"] == ""
+            finally:
+                await wire.close()
+            assert [m for _, m in await mantis_reads(first)] == [scouting]
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
@@ -180,14 +206,15 @@ async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
     assert f"AINET workspace {workspace} (as Device-" in banner
     joins = list((workspace / "session").glob("Device-*_to_BROADCAST_broadcast.txt"))
     assert len(joins) == 1 and "has joined AINET" in joins[0].read_text(encoding="utf-8")
+    assert f"transport mq9: nats://127.0.0.1:{nats_port}" in banner
+    assert server_info(nats_port) is None  # the embedded nats-server stopped with it
 
 
 def test_bpgw_demo_completes(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BPGW_")}
     done = subprocess.run(
         _bpgw("demo", "--json"),
         capture_output=True,
-        env=env,
+        env=_env(),
         cwd=tmp_path,
         timeout=120,
         check=False,
@@ -209,6 +236,8 @@ def test_bpgw_demo_completes(tmp_path: Path) -> None:
         "handed_off",
         "done",
     ]
+    # SecurityBot is an mq9 agent: the handoff crossed from HTTP to mq9 and back.
+    assert [e["transport"] for e in conv["history"]][-2:] == ["http", "mq9"]
 
 
 def test_bad_config_fails_fast_naming_the_key(tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ def base_url(gw: Gateway) -> str:
 
 
 async def fetch_one(wire: Mq9Wire, box: str, group: str = "agent") -> dict[str, Any]:
-    reply = await wire.fetch(box, group_name=group, config={"max_wait_ms": 5000})
+    body = {"group_name": group, "config": {"max_wait_ms": 10_000}}
+    reply = await wire.raw(f"MSG.FETCH.{box}", body, wait=15)
     assert reply["error"] == "" and len(reply["messages"]) == 1, reply
     message: dict[str, Any] = reply["messages"][0]
     return message

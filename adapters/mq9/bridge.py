@@ -68,6 +68,7 @@ log = logging.getLogger("bpgw.adapters.mq9")
 DISCOVER_PREFIX = "@"
 DISCOVER_CACHE_MAX = 1024
 PROBE_SECONDS = 3.0
+CLOSE_SECONDS = 5.0
 # Protocol priority -> mq9-priority (anything else: normal).
 PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: "urgent"}
 
@@ -195,8 +196,8 @@ class Mq9Bridge(Adapter):
     async def _release(self) -> None:
         nc, self._nc, self._client = self._nc, None, None
         if nc is not None:
-            with contextlib.suppress(Exception):
-                await nc.close()
+            with contextlib.suppress(Exception):  # a close that hangs must not hold shutdown
+                await asyncio.wait_for(nc.close(), CLOSE_SECONDS)
         service, self._service = self._service, None
         if service is not None:
             with contextlib.suppress(Exception):

@@ -20,9 +20,16 @@ from adapters.base import ConfigError as TransportConfigError
 from gateway.app import Gateway
 from gateway.cli.state_cmds import config_from_args
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.defaults import AINET_TRANSPORT, DEFAULT_HTTP_PORT, OPERATOR, embedded_config
+from gateway.defaults import (
+    AINET_TRANSPORT,
+    DEFAULT_HTTP_PORT,
+    MQ9_TRANSPORT,
+    OPERATOR,
+    embedded_config,
+)
 from gateway.demo import DemoError, run_demo
 from gateway.demo_ainet import FileAgent, with_auditor, workspace_of
+from gateway.demo_mq9 import MQ9_AGENT, connect_mq9_agent, with_mq9_agent
 from gateway.logs import configure_logging
 from state.connection import EMBEDDED, BadRedisURL, embedded_folder
 
@@ -120,6 +127,12 @@ def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
             f"       curl -s -H 'Authorization: Bearer {tokens['Mantis']}' "
             f"'{base}/v1/agents/Mantis/inbox?wait=5'"
         )
+        mq9: Any = gateway.adapters.get(MQ9_TRANSPORT)
+        if mq9 is not None:
+            print(
+                f"  mq9 agents: any mq9 client on {mq9.url} SENDs blocks to mailbox "
+                f"{mq9.mailbox} with header mq9-reply-to:<its own mailbox> (docs/mq9.md)"
+            )
     sys.stdout.flush()
 
 
@@ -172,7 +185,7 @@ async def _demo(as_json: bool) -> int:
     config = config.model_copy(
         update={"state": config.state.model_copy(update={"namespace": f"demo-{data_dir.name}"})}
     )
-    config = with_auditor(config, AINET_TRANSPORT)
+    config = with_mq9_agent(with_auditor(config, AINET_TRANSPORT))
     gateway = Gateway(config)
     try:
         await gateway.start()
@@ -183,7 +196,12 @@ async def _demo(as_json: bool) -> int:
         auditor = FileAgent(workspace_of(gateway.adapters[AINET_TRANSPORT]))
         await asyncio.to_thread(auditor.join)
         say(f"AINET agent {auditor.id} joined {auditor.root}")
-        conv = await run_demo(url, tokens, tokens[OPERATOR], say, auditor)
+        mq9_agent = await connect_mq9_agent(gateway)
+        try:
+            conv = await run_demo(url, tokens, tokens[OPERATOR], say,
+                                  others={MQ9_AGENT: mq9_agent}, auditor=auditor)
+        finally:
+            await mq9_agent.close()
     finally:
         await gateway.stop()
         with contextlib.suppress(OSError):
