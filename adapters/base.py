@@ -150,6 +150,9 @@ class Capabilities:
     # ``send_batch`` stores several messages for one destination in one round trip (the
     # HTTP inboxes): the outbox hands it every message waiting for a destination at once.
     batched_sends: bool = False
+    # Serves other transports' ``web_routes`` (webhooks) on its own listener (the HTTP
+    # transport): the gateway hands it every route at start.
+    web_server: bool = False
 
 
 class HealthState(StrEnum):
@@ -489,6 +492,16 @@ class Adapter(ABC):
         """
         return (Probe(f"transport {self.name}", True, "no readiness probe for this kind"),)
 
+    def web_routes(self) -> Sequence[WebRoute]:
+        """Endpoints this transport needs on the gateway's HTTP listener (a platform's
+        webhook); none unless overridden. A transport with routes needs a transport with
+        ``capabilities.web_server`` enabled too (the gateway refuses to start otherwise)."""
+        return ()
+
+    def serve_routes(self, routes: Sequence[WebRoute]) -> None:  # noqa: B027 - optional hook
+        """Called before ``start`` on a ``web_server`` transport with every other
+        transport's ``web_routes``; it serves them next to its own endpoints."""
+
     def owned_names(self) -> Sequence[OwnedName]:
         """Agent names this transport's own credentials prove (none unless overridden)."""
         return ()
@@ -508,6 +521,48 @@ class Adapter(ABC):
         if limit is None or len(text) <= limit:
             return [text]
         return [part.block or part.text for part in split_message(text, limit)]
+
+
+@dataclass(frozen=True)
+class WebRequest:
+    """A request to a ``WebRoute``, platform-neutral: headers (case-insensitive lookups
+    through ``header``), the raw body (bounded by the serving transport) and the peer."""
+
+    headers: Mapping[str, str]
+    body: bytes
+    remote: str | None = None
+
+    def header(self, name: str) -> str | None:
+        """One header's value, whatever the case of its name."""
+        wanted = name.lower()
+        return next((v for k, v in self.headers.items() if k.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class WebResponse:
+    """What a ``WebRoute`` answers: a status, a JSON-ready body, extra headers."""
+
+    status: int
+    body: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+WebHandler = Callable[[WebRequest], Awaitable[WebResponse]]
+
+
+@dataclass(frozen=True)
+class WebRoute:
+    """An endpoint a transport serves on the gateway's HTTP listener (a webhook).
+
+    ``path`` must not start with ``/v1/`` (the HTTP API's own) nor clash with another
+    route; the handler must answer within a few seconds and never raise.
+    """
+
+    path: str
+    handler: WebHandler
+    method: str = "POST"
+    # Which transport asked for it (for logs and error messages).
+    transport: str = ""
 
 
 class DeliveryError(Exception):

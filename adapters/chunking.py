@@ -14,7 +14,7 @@ at least as many.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 FENCE = "```"
@@ -71,38 +71,58 @@ def header_line(block: str) -> str:
     return "(empty block)"
 
 
-def split_message(text: str, limit: int) -> list[Part]:
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units (how Telegram counts message length and offsets)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _cut(unit: str, limit: int, size: Callable[[str], int]) -> Iterator[str]:
+    """``unit`` in pieces of at most ``limit`` by ``size`` (character by character when a
+    plain slice is too big, so a character is never split)."""
+    while unit:
+        piece = unit[:limit]
+        while size(piece) > limit and len(piece) > 1:
+            piece = piece[: max(1, len(piece) - (size(piece) - limit))]
+        yield piece
+        unit = unit[len(piece) :]
+
+
+def split_message(text: str, limit: int, size: Callable[[str], int] = len) -> list[Part]:
     """Cut ``text`` into parts of at most ``limit`` characters, never inside a block.
 
-    Lines are packed greedily; a line outside blocks longer than ``limit`` is cut at
-    ``limit`` (it holds no block). A block longer than ``limit`` becomes a part of its
-    own whose ``block`` is the whole fenced block and whose ``text`` is its header line
-    (cut to ``limit``). Joining every part's ``block or text`` gives back ``text``.
+    ``size`` measures a piece of text (characters by default; ``utf16_len`` where the
+    platform counts UTF-16 code units). Lines are packed greedily; a line outside blocks
+    longer than ``limit`` is cut at ``limit`` (it holds no block). A block longer than
+    ``limit`` becomes a part of its own whose ``block`` is the whole fenced block and
+    whose ``text`` is its header line (cut to ``limit``). Joining every part's ``block or
+    text`` gives back ``text``.
     """
     if limit < 1:
         raise ValueError("limit must be positive")
-    if len(text) <= limit:
+    if size(text) <= limit:
         return [Part(text)]
     parts: list[Part] = []
     current = ""
+    used = 0
 
     def flush() -> None:
-        nonlocal current
+        nonlocal current, used
         if current:
             parts.append(Part(current))
-            current = ""
+            current, used = "", 0
 
     for unit, is_block in segments(text):
-        if len(current) + len(unit) <= limit:
+        unit_size = size(unit)
+        if used + unit_size <= limit:
             current += unit
+            used += unit_size
             continue
         flush()
-        if len(unit) <= limit:
-            current = unit
+        if unit_size <= limit:
+            current, used = unit, unit_size
         elif is_block:
-            parts.append(Part(header_line(unit)[:limit], block=unit))
+            parts.append(Part(next(_cut(header_line(unit), limit, size), ""), block=unit))
         else:
-            for start in range(0, len(unit), limit):
-                parts.append(Part(unit[start : start + limit]))
+            parts.extend(Part(piece) for piece in _cut(unit, limit, size))
     flush()
     return parts

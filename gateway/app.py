@@ -25,6 +25,7 @@ from adapters.base import (
     Adapter,
     CommandRequest,
     CommandResult,
+    ConfigError,
     Cursors,
     Disposition,
     Envelope,
@@ -122,6 +123,7 @@ class Gateway:
         settings = cfg.state_settings()
         # Create adapters first: a bad transport config fails before anything starts.
         self.adapters.update(create_adapters(cfg))
+        self._hand_out_routes()
         self._redis = await open_redis(settings)
         try:
             await self._start_on(self._redis.client)
@@ -130,6 +132,21 @@ class Gateway:
             # so a failed start leaves nothing running and logs nothing but its cause.
             await self.stop()
             raise
+
+    def _hand_out_routes(self) -> None:
+        """Give every transport's web routes (webhooks) to the transports serving them."""
+        routes = [r for a in self.adapters.values() for r in a.web_routes()]
+        if not routes:
+            return
+        servers = [a for a in self.adapters.values() if a.capabilities.web_server]
+        if not servers:
+            needing = ", ".join(sorted({r.transport for r in routes}))
+            raise ConfigError(
+                f"transports.{needing}: webhook mode needs an enabled transport that serves "
+                "web routes (kind = \"http\"); add one or use polling"
+            )
+        for server in servers:
+            server.serve_routes(routes)
 
     async def _start_on(self, redis: Any) -> None:
         cfg = self.config

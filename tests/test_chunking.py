@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.chunking import Part, header_line, split_message
+from adapters.chunking import Part, header_line, split_message, utf16_len
 from protocol import build_response, parse, render
 
 
@@ -56,3 +56,18 @@ def test_parts_join_back_to_the_text(pieces: list[str], limit: int) -> None:
         assert len(p.text) <= limit
         if p.block is not None:
             assert not parse(p.block).errors
+
+
+def test_split_by_utf16_code_units_keeps_blocks_whole() -> None:
+    emoji = "😀"  # two UTF-16 code units
+    assert utf16_len(emoji * 3) == 6 and utf16_len("abc") == 3
+    block = "```\n[RESPONSE → @Peer]\n" + "Result: " + emoji * 10 + "\n```\n"
+    text = (emoji * 30 + "\n") * 2 + block + "x" * 5 + "\n"
+    parts = split_message(text, 64, size=utf16_len)
+    assert all(utf16_len(p.text) <= 64 for p in parts)
+    assert "".join(p.block or p.text for p in parts) == text
+    assert any(p.text.startswith(block) for p in parts)
+    # A line longer than the limit is cut between characters, never inside one.
+    [*pieces] = split_message(emoji * 50, 9, size=utf16_len)
+    assert all(utf16_len(p.text) <= 9 for p in pieces) and "".join(
+        p.text for p in pieces) == emoji * 50

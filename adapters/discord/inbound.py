@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import discord
 
+from adapters.attachments import NotReadable, TextFile, read_text_files
 from adapters.base import Author, Cursors, Disposition, Envelope, GatewaySink
-from adapters.chunking import FENCE
 from adapters.discord.settings import DiscordSettings
 
 log = logging.getLogger("bpgw.adapters.discord")
@@ -38,10 +38,6 @@ WHERE_CACHE_MAX = 10_000
 Where = tuple[str, str | None]
 """(channel id, thread id or None) of a Discord channel, as addresses name them."""
 React = Callable[[discord.Message, Disposition], Awaitable[None]]
-
-
-class NotReadable(Exception):
-    """A message could not be read whole (an attachment failed to download): retry later."""
 
 
 @dataclass
@@ -270,31 +266,13 @@ class Inbound:
         return disposition.committed
 
     async def text_of(self, message: discord.Message) -> str:
-        """The message text followed by its ``.txt`` attachments (blocks sent as files).
-
-        A file holding a bare block (no fence) is read as one fenced block. Files over
-        ``attachment_max_bytes`` are named in the text instead of read.
-        """
-        parts = [message.content]
-        limit = self._settings.attachment_max_bytes
-        for attachment in message.attachments[: self._settings.attachments_per_message]:
-            if not attachment.filename.lower().endswith(".txt"):
-                continue
-            if attachment.size > limit:
-                parts.append(
-                    f"(attachment {attachment.filename} not read: {attachment.size} bytes is "
-                    f"over attachment_max_bytes {limit})"
-                )
-                continue
-            try:
-                data = await attachment.read()
-            except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
-                raise NotReadable(f"attachment {attachment.filename}: {exc}") from None
-            text = data[:limit].decode("utf-8", errors="replace")
-            if FENCE not in text and text.lstrip().startswith("["):
-                text = f"{FENCE}\n{text.strip()}\n{FENCE}"
-            parts.append(text)
-        return "\n".join(p for p in parts if p)
+        """The message text followed by its ``.txt`` attachments (blocks sent as files),
+        read as ``adapters/attachments.py`` says."""
+        files = [TextFile(a.filename, a.size, a.read)
+                 for a in message.attachments[: self._settings.attachments_per_message]]
+        texts = await read_text_files(files, self._settings.attachment_max_bytes,
+                                      (discord.HTTPException, aiohttp.ClientError, OSError))
+        return "\n".join(p for p in [message.content, *texts] if p)
 
     # -- shutdown ----------------------------------------------------------------------
 

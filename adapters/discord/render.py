@@ -1,13 +1,12 @@
 """Discord output forms: command results as embeds (within Discord's embed limits) and as
-markdown text, and the ``.txt`` file name of a block sent as an attachment."""
+markdown text."""
 
 from __future__ import annotations
-
-import re
 
 import discord
 
 from adapters.base import CommandResult
+from adapters.results import MARKDOWN, rich_text, table
 
 # Discord's embed limits (https://discord.com/developers/docs/resources/message#embed-object).
 TITLE_MAX = 256
@@ -19,24 +18,12 @@ FOOTER_MAX = 2048
 EMBED_TOTAL_MAX = 6000
 OK_COLOUR = 0x2ECC71
 ERROR_COLOUR = 0xE74C3C
-
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+# Text answers are split by the outbox like any message: this bounds only their size.
+MARKDOWN_MAX = 8000
 
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def table(result: CommandResult, limit: int) -> str:
-    """The result's columns and rows as a monospaced block of at most ``limit`` characters."""
-    if not result.columns:
-        return ""
-    lines = CommandResult(title="", columns=result.columns, rows=result.rows).to_text()
-    body = lines.split("\n", 1)[1] if "\n" in lines else ""
-    room = limit - len("```\n\n```")
-    if len(body) > room:
-        body = body[: max(0, room - 2)].rsplit("\n", 1)[0] + "\n…"
-    return f"```\n{body}\n```"
 
 
 def embed(result: CommandResult) -> discord.Embed:
@@ -66,16 +53,4 @@ def embed(result: CommandResult) -> discord.Embed:
 
 def markdown(result: CommandResult) -> str:
     """A ``CommandResult`` as message text: bold title, fields, the table in a code block."""
-    lines = [f"**{result.title}**"]
-    lines.extend(f"**{name}:** {value}" for name, value in result.fields)
-    if result.columns:
-        lines.append(table(result, DESCRIPTION_MAX))
-    if result.footer:
-        lines.append(f"_{result.footer}_")
-    return "\n".join(lines)
-
-
-def block_filename(request_id: str | None) -> str:
-    """``<RequestId>.txt`` made safe for a file name (``block.txt`` without one)."""
-    stem = _UNSAFE_NAME.sub("_", request_id or "")[:80].strip("._") or "block"
-    return f"{stem}.txt"
+    return rich_text(result, MARKDOWN, MARKDOWN_MAX)

@@ -14,7 +14,6 @@ import contextlib
 import io
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ import discord
 import yarl
 from discord import app_commands
 
+from adapters.attachments import block_filename
 from adapters.base import (
     Adapter,
     Author,
@@ -39,9 +39,10 @@ from adapters.base import (
     Receipt,
 )
 from adapters.chunking import split_message
+from adapters.delivery import Background, PartialSends
 from adapters.discord.commands import protocol_group
 from adapters.discord.inbound import Inbound, roles_of
-from adapters.discord.render import block_filename, embed, markdown
+from adapters.discord.render import embed, markdown
 from adapters.discord.settings import DiscordSettings, load_settings
 
 log = logging.getLogger("bpgw.adapters.discord")
@@ -55,10 +56,6 @@ REACTIONS = {"accepted": ACCEPTED_REACTION, "malformed": REFUSED_REACTION,
 ANSWER_WITHIN_SECONDS = 2.5
 # How long stop() lets each channel finish the message in hand.
 STOP_GRACE_SECONDS = 5.0
-# Reactions in flight at most (best effort: beyond, one is skipped and logged).
-REACTIONS_IN_FLIGHT_MAX = 100
-# Parts already posted of a message whose later part failed: a retry skips them.
-PARTIAL_SENDS_MAX = 1000
 PROBE_TIMEOUT_SECONDS = 5.0
 # Application flags: GATEWAY_MESSAGE_CONTENT and its "limited" form (under 100 guilds).
 MESSAGE_CONTENT_FLAGS = (1 << 18) | (1 << 19)
@@ -145,8 +142,8 @@ class DiscordAdapter(Adapter):
         self._sink: GatewaySink | None = None
         self._ready = asyncio.Event()
         self._sessions = 0
-        self._reactions: set[asyncio.Task[None]] = set()
-        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        self._reactions = Background(log)
+        self._partial = PartialSends()
         self.last_event_at: float | None = None
         self.reconnects = 0
         self.resumes = 0
@@ -210,8 +207,7 @@ class DiscordAdapter(Adapter):
         self._client = self._runner = self._inbound = None
         if inbound is not None:
             await inbound.close(STOP_GRACE_SECONDS)
-        for task in list(self._reactions):
-            task.cancel()
+        self._reactions.cancel_all()
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
@@ -308,14 +304,8 @@ class DiscordAdapter(Adapter):
         emoji = REACTIONS.get(disposition.outcome)
         if not self.settings.reactions or emoji is None:
             return
-        if len(self._reactions) >= REACTIONS_IN_FLIGHT_MAX:
-            log.warning("too many reactions in flight; %s skipped on %s", emoji, message.id,
-                        extra={"transport": self.name})
-            return
         # In the background: a rate-limited reaction must not hold up the channel.
-        task = asyncio.create_task(self._add_reaction(message, emoji))
-        self._reactions.add(task)
-        task.add_done_callback(self._reactions.discard)
+        self._reactions.run(self._add_reaction(message, emoji), f"{emoji} on {message.id}")
 
     async def _add_reaction(self, message: discord.Message, emoji: str) -> None:
         try:
@@ -399,8 +389,7 @@ class DiscordAdapter(Adapter):
                 message_id=int(message.reply_to), channel_id=int(target),
                 fail_if_not_exists=False,
             )
-        key = message.id or ""
-        ids = self._partial.pop(key, []) if key else []
+        ids = self._partial.take(message.id)
         for index, part in enumerate(split_message(message.text, MESSAGE_MAX)):
             if index < len(ids):
                 continue  # posted by an earlier attempt
@@ -413,16 +402,10 @@ class DiscordAdapter(Adapter):
             try:
                 sent = await channel.send(part.text or None, **extra)
             except Exception as exc:
-                if key and ids:
-                    self._remember_partial(key, ids)
+                self._partial.keep(message.id, ids)
                 raise _delivery_error(exc, message) from None
             ids.append(str(sent.id))
         return Receipt(tuple(ids))
-
-    def _remember_partial(self, key: str, ids: list[str]) -> None:
-        self._partial[key] = ids
-        while len(self._partial) > PARTIAL_SENDS_MAX:
-            self._partial.popitem(last=False)
 
     # -- readiness -------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import itertools
 import logging
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +23,7 @@ from adapters.base import (
     Address,
     Capabilities,
     CommandRequest,
+    ConfigError,
     DeliveryError,
     Envelope,
     GatewaySink,
@@ -31,6 +32,8 @@ from adapters.base import (
     OwnedName,
     Probe,
     Receipt,
+    WebRequest,
+    WebRoute,
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
 from adapters.http.inbox import ACK_ID, Inboxes, InboxMessage
@@ -132,6 +135,7 @@ class HttpAdapter(Adapter):
         sees_other_bots=True,
         fresh_native_ids=True,
         batched_sends=True,
+        web_server=True,
     )
 
     def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
@@ -147,6 +151,7 @@ class HttpAdapter(Adapter):
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._stopping = False
+        self._routes: list[WebRoute] = []
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -170,7 +175,32 @@ class HttpAdapter(Adapter):
         app.router.add_get("/v1/conversations/{request_id}", self._get_conversation)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
+        for route in self._routes:
+            app.router.add_route(route.method, route.path, self._web_handler(route))
         return app
+
+    def serve_routes(self, routes: Sequence[WebRoute]) -> None:
+        """Serve other transports' webhook routes next to the API (before ``start``)."""
+        for route in routes:
+            if route.path.startswith("/v1/") or route.path in ("/healthz", "/metrics"):
+                raise ConfigError(
+                    f"transports.{route.transport}: route {route.path} clashes with the "
+                    "HTTP API's endpoints"
+                )
+        self._routes = list(routes)
+
+    def _web_handler(self, route: WebRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            size = request.content_length
+            if size is not None and size > self.settings.max_body_bytes:
+                raise ApiError(413, f"body of {size} bytes exceeds the limit of "
+                                    f"{self.settings.max_body_bytes}")
+            body = await request.read()  # client_max_size bounds a chunked one
+            answer = await route.handler(WebRequest(dict(request.headers), body, request.remote))
+            return web.json_response(dict(answer.body), status=answer.status,
+                                     headers=dict(answer.headers))
+
+        return handle
 
     def use_redis(self, redis: Any, namespace: str) -> None:
         """Keep the inboxes in ``redis`` under ``namespace`` (called before ``start``)."""

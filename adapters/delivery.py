@@ -1,0 +1,68 @@
+"""Delivery helpers shared by chat transports.
+
+``PartialSends``: a message split into several native posts may fail half way (a rate
+limit on the third part). The outbox retries the whole message with the same ``id``; the
+transport remembers the native ids of the parts already posted so the retry posts only
+the rest, and the receipt still lists every part.
+
+``Background``: best-effort side work (reactions) run off the delivery path, bounded
+in count, so a rate-limited reaction never holds up a channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any
+
+# Parts already posted of messages whose later part failed (the oldest are forgotten).
+PARTIAL_SENDS_MAX = 1000
+# Background tasks in flight at most (beyond, new ones are skipped and logged).
+BACKGROUND_MAX = 100
+
+
+class PartialSends:
+    """Native ids already posted per outbox message id (bounded, oldest forgotten)."""
+
+    def __init__(self, limit: int = PARTIAL_SENDS_MAX) -> None:
+        self._limit = limit
+        self._ids: OrderedDict[str, list[str]] = OrderedDict()
+
+    def take(self, key: str | None) -> list[str]:
+        """The ids posted by earlier attempts of ``key`` (forgotten here: ``keep`` them
+        again if this attempt fails too)."""
+        return self._ids.pop(key, []) if key else []
+
+    def keep(self, key: str | None, ids: list[str]) -> None:
+        """Remember the parts of ``key`` posted so far, for the next attempt."""
+        if not key or not ids:
+            return
+        self._ids[key] = ids
+        while len(self._ids) > self._limit:
+            self._ids.popitem(last=False)
+
+
+class Background:
+    """Bounded fire-and-forget tasks that are cancelled on ``cancel_all``."""
+
+    def __init__(self, log: logging.Logger, limit: int = BACKGROUND_MAX) -> None:
+        self._log = log
+        self._limit = limit
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def run(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        """Start ``work`` unless ``limit`` tasks are running (then it is skipped)."""
+        if len(self._tasks) >= self._limit:
+            work.close()
+            self._log.warning("too many background tasks in flight; %s skipped", what)
+            return
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel_all(self) -> None:
+        """Cancel whatever is still running (on stop)."""
+        for task in list(self._tasks):
+            task.cancel()
