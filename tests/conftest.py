@@ -37,6 +37,16 @@ def redis_url() -> Iterator[str]:
         server.close()
 
 
+@pytest.fixture
+def valkey() -> Iterator[PrivateValkey]:
+    """A private Valkey of this test's own: for tests that stop it or change its config."""
+    server = PrivateValkey().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     """URL of a real NATS server (JetStream on) for this test session."""

@@ -4,7 +4,6 @@ whose configuration the test changes (never the machine's Redis)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,6 @@ from gateway.check import check_state
 from gateway.config import GatewayConfig
 
 from servers import PrivateValkey
-
-
-@pytest.fixture
-def valkey() -> Iterator[PrivateValkey]:
-    server = PrivateValkey().start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def _config(url: str, data_dir: Path | None = None) -> GatewayConfig:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +21,6 @@ from servers import PrivateValkey, free_port
 
 TESTS = Path(__file__).parent
 TAKEOVER_LIMIT_SECONDS = 15.0
-
-
-@pytest.fixture
-def valkey() -> Iterator[PrivateValkey]:
-    server = PrivateValkey().start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def _config(path: Path, redis_url: str, port: int) -> Path:
