@@ -8,6 +8,7 @@ every test uses mailboxes and agent names of its own.
 from __future__ import annotations
 
 import asyncio
+import tomllib
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from mq9wire import Mq9Wire
 
 from adapters.base import Outbound
 from adapters.http import HttpAdapter
-from adapters.mq9 import Mq9Bridge, start_service, stop_service
+from adapters.mq9 import BridgeSettings, Mq9Bridge, start_service, stop_service
 from adapters.mq9.acking import ack_plan
 from adapters.mq9.client import Fetched
 from gateway.app import Gateway
@@ -231,3 +232,14 @@ async def test_send_refuses_an_invalid_address() -> None:
     bridge = Mq9Bridge("m", {"nats_url": "nats://127.0.0.1:1"})
     with pytest.raises(DeliveryError, match="invalid mail_address"):
         await bridge.send(Outbound(Address("m", "Not-A-Box"), "hi"))
+
+
+def test_config_example_documents_and_validates_every_option() -> None:
+    text = (Path(__file__).resolve().parent.parent / "config.example.toml").read_text("utf-8")
+    block = text[text.index("# [transports.mq9]"):]
+    block = block[:block.index("\n\n")]
+    options = tomllib.loads("\n".join(line[2:] for line in block.splitlines()))
+    section = options["transports"]["mq9"]
+    assert section.pop("kind") == "mq9"
+    assert set(section) == set(BridgeSettings.model_fields)
+    BridgeSettings.model_validate(section)
