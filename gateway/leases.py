@@ -45,12 +45,21 @@ class LeaseKeeper:
         self._task = asyncio.create_task(self._run(), name=f"lease-{self.adapter.name}")
 
     async def stop(self) -> None:
-        """Stop the adapter if it runs here and release the lease."""
+        """Stop the adapter if it runs here and release the lease.
+
+        The adapter's ``stop()`` runs on standby too (it is safe when never started): a
+        standby adapter may hold resources, e.g. the REST client a Discord transport
+        posts through while another replica holds the gateway session.
+        """
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        try:
+            await self.adapter.stop()
+        except Exception:
+            log.exception("transport did not stop cleanly", extra={"transport": self.adapter.name})
 
     async def _run(self) -> None:
         while True:

@@ -30,8 +30,6 @@ from discord_emulator import MESSAGE_CONTENT_INTENT, TOKEN, DiscordEmulator
 from gwkit import make_config, memory
 from harness_discord import discord_options, wait_up
 
-pytestmark = pytest.mark.asyncio
-
 EPHEMERAL = 1 << 6
 
 
@@ -389,6 +387,22 @@ async def test_one_gateway_session_per_token_across_replicas(
             await memory(second, "side").wait_sent(lambda o: "peer-l1" in o.text)
 
 
+async def test_a_replica_on_standby_posts_through_rest(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    general = emulator.channels["general"]
+    async with start_gateway(), start_gateway(wait=False) as standby:
+        adapter = standby.adapters["dc"]
+        await asyncio.sleep(0.5)
+        assert adapter.health().state is HealthState.STANDBY
+        # The outbox may dispatch on this replica: posting needs no gateway session.
+        receipt = await adapter.send(Outbound(Address("dc", str(general)), "from standby"))
+        assert [m["content"] for m in emulator.by_bot(general)] == ["from standby"]
+        assert receipt.native_ids == (emulator.by_bot(general)[0]["id"],)
+        assert emulator.identifies == 1
+    assert adapter.health().state is HealthState.DOWN  # its REST client closed at stop
+
+
 async def test_health_reports_latency_and_events(
     emulator: DiscordEmulator, start_gateway: Callable[..., Any]
 ) -> None:
@@ -461,7 +475,7 @@ async def test_stop_is_clean_and_a_second_session_can_start(
 ) -> None:
     async with start_gateway() as gw:
         adapter = gw.adapters["dc"]
-    assert adapter.health().state is HealthState.STANDBY  # the lease keeper released it
+    assert adapter.health().state is HealthState.DOWN
     assert all(s.ws is None for s in emulator.sessions.values())  # no socket left open
     async with start_gateway():
         assert emulator.identifies == 2

@@ -137,6 +137,9 @@ class DiscordAdapter(Adapter):
         super().__init__(name)
         self.settings, self._token = load_settings(name, options)
         self._client: _Bot | None = None
+        # Posting without a gateway session (this replica is on standby): REST only.
+        self._rest: discord.Client | None = None
+        self._rest_lock = asyncio.Lock()
         self._runner: asyncio.Task[None] | None = None
         self._inbound: Inbound | None = None
         self._sink: GatewaySink | None = None
@@ -164,6 +167,7 @@ class DiscordAdapter(Adapter):
         _point_library(id(self), self.settings)
         self.set_health(HealthState.STARTING, "connecting to Discord")
         self._sink = sink
+        await self._close_rest()  # the bot posts from now on
         self._ready.clear()
         self._sessions = 0
         client = self._client = _Bot(self)
@@ -200,7 +204,15 @@ class DiscordAdapter(Adapter):
         if self._client is not None:
             await self._shutdown()
             log.info("discord transport %s stopped", self.name, extra={"transport": self.name})
+        await self._close_rest()
+        _release_library(id(self))
         self.set_health(HealthState.DOWN, "stopped")
+
+    async def _close_rest(self) -> None:
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            with contextlib.suppress(Exception):
+                await rest.close()
 
     async def _shutdown(self) -> None:
         client, runner, inbound = self._client, self._runner, self._inbound
@@ -215,7 +227,6 @@ class DiscordAdapter(Adapter):
             runner.cancel()
             with contextlib.suppress(BaseException):
                 await runner
-        _release_library(id(self))
 
     def _connection_ended(self, task: asyncio.Task[None]) -> None:
         if self._runner is not task:
@@ -374,15 +385,11 @@ class DiscordAdapter(Adapter):
         as a ``.txt`` attachment with its header line as the message. A 429 that asks for
         more than ``max_ratelimit_seconds`` becomes ``DeliveryError(retry_after=...)``.
         """
-        client = self._client
-        if client is None or client.is_closed():
-            raise DeliveryError(f"discord transport {self.name} is not connected",
-                                retry_after=5.0, code="not_connected")
         target = message.address.thread or message.address.channel
         if not target.isdigit():
             raise DeliveryError(f"{message.address} does not name a Discord channel id",
                                 code="bad_address")
-        channel = client.get_partial_messageable(int(target))
+        channel = (await self._poster(message)).get_partial_messageable(int(target))
         reference = None
         if message.reply_to and message.reply_to.isdigit():
             reference = discord.MessageReference(
@@ -406,6 +413,31 @@ class DiscordAdapter(Adapter):
                 raise _delivery_error(exc, message) from None
             ids.append(str(sent.id))
         return Receipt(tuple(ids))
+
+    async def _poster(self, message: Outbound) -> discord.Client:
+        """The client to post with: the running bot, else a REST-only login. Posting needs
+        no gateway session, so a replica on standby delivers what its outbox dispatches
+        while another replica holds the session."""
+        client = self._client
+        if client is not None and not client.is_closed():
+            return client
+        async with self._rest_lock:
+            rest = self._rest
+            if rest is None or rest.is_closed():
+                _point_library(id(self), self.settings)
+                rest = discord.Client(intents=discord.Intents.none(),
+                                      max_ratelimit_timeout=self.settings.max_ratelimit_seconds)
+                try:
+                    await rest.login(self._token)
+                except Exception as exc:
+                    with contextlib.suppress(Exception):
+                        await rest.close()
+                    if isinstance(exc, discord.LoginFailure):
+                        raise DeliveryError("Discord refused the bot token",
+                                            code="unauthorized") from None
+                    raise _delivery_error(exc, message) from None
+                self._rest = rest
+            return rest
 
     # -- readiness -------------------------------------------------------------------
 
