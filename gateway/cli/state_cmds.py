@@ -97,9 +97,12 @@ def with_redis(settings: StateSettings,
 
     try:
         return asyncio.run(run())
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): not a state store problem
     except (RedisError, OSError, BadRedisURL) as exc:
-        print(f"bpgw: cannot use the state store at {settings.redis_url}: {exc}",
-              file=sys.stderr)
+        where = (f"the embedded Valkey of data folder {Path(settings.data_dir).absolute()}"
+                 if settings.redis_url == EMBEDDED else settings.redis_url)
+        print(f"bpgw: cannot use the state store, {where}: {exc}", file=sys.stderr)
         return 1
 
 
