@@ -4,9 +4,9 @@
 watch hints, record the files the bridge wrote, poll the inbox, hand each complete file
 to the gateway (one conversation's files in order, conversations concurrently), move
 spooled session files into freed slots, wait ``poll_interval_seconds`` (or less, when a
-watch event arrives). A file is marked ingested (``Inbox.ack``) only in the envelope's
-``on_commit`` hook, so a restart neither misses nor repeats one; an uncommitted one is
-released and tried again at the next poll.
+watch event arrives). A file is marked ingested (``Inbox.ack``, once per batch) only
+after the envelope's ``on_commit`` hook ran, so a restart neither misses nor repeats one;
+an uncommitted one is released and tried again at the next poll.
 
 ``send`` writes each outbound message as the next turn of its conversation folder and,
 for an AINET agent (or a BROADCAST), as its ``session/`` file too (see ``outbound``);
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -148,6 +149,10 @@ class AinetAdapter(Adapter):
         self._hints: list[str] = []
         self._written: list[Written] = []
         self._spooled = 0
+        # Files finished in the current batch, marked ingested together (after commit).
+        self._acks: list[Arrival] = []
+        # Task folder -> RequestId for the current batch (fetched in one call).
+        self._links: dict[str, str | None] = {}
         self._broadcast_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -314,6 +319,7 @@ class AinetAdapter(Adapter):
             inbox.scanner.mark_dirty(hints)
         if self._written:
             await inbox.note_written(self._flush_written())
+        await self._flush_acks()  # (left from a batch whose flush failed)
         arrivals = await inbox.poll()
         if arrivals:
             await self._ingest(arrivals)
@@ -326,13 +332,39 @@ class AinetAdapter(Adapter):
         for arrival in arrivals:
             groups.setdefault(_group(arrival.rel), []).append(arrival)
         gate = asyncio.Semaphore(self.settings.ingest_concurrency)
+        assert self._records is not None
+        tasks = sorted({t for a in arrivals if (t := task_of(a.rel)) is not None})
+        self._links = dict(zip(tasks, await self._records.folders(tasks), strict=True))
 
         async def run(items: list[Arrival]) -> None:
             async with gate:
                 for arrival in sorted(items, key=_order):
                     await self._ingest_one(arrival)
 
-        await asyncio.gather(*(run(items) for items in groups.values()))
+        try:
+            await asyncio.gather(*(run(items) for items in groups.values()))
+        finally:
+            self._links = {}
+            await self._flush_acks()
+
+    def _done(self, arrival: Arrival) -> None:
+        """``arrival`` is committed (or needs nothing): mark it at the end of this batch."""
+        self._acks.append(arrival)
+
+    async def _flush_acks(self) -> None:
+        """Record the batch's finished files in the ingest record (one Redis call per 500).
+
+        Marked only after commit; if this fails, they stay in flight here and are
+        recorded at the next flush (a restart before that reads them again, and the
+        gateway recognises them as processed)."""
+        inbox = self._inbox
+        if self._acks and inbox is not None:
+            batch, self._acks = self._acks, []
+            try:
+                await inbox.ack(batch)
+            except Exception:
+                self._acks = batch + self._acks
+                raise
 
     async def _ingest_one(self, arrival: Arrival) -> None:
         inbox = self._inbox
@@ -360,20 +392,20 @@ class AinetAdapter(Adapter):
         msg = arrival.message
         if msg is None:
             await self._reply_error(arrival, None, f"it is not an AINET message ({arrival.error})")
-            await inbox.ack([arrival])
+            self._done(arrival)
             return
         if not self._for_me(msg):
-            await inbox.ack([arrival])  # between other agents: not the bridge's business
+            self._done(arrival)  # between other agents: not the bridge's business
             return
         sender = self.protocol_name(msg.sender)
         await records.note_peers([(sender, msg.sender)])
         if "#" in msg.sender:
             await self._reply_error(arrival, msg, "agent ids containing '#' can't be given an "
                                     "address in the gateway; use another id")
-            await inbox.ack([arrival])
+            self._done(arrival)
             return
         if is_join(msg) and task_of(arrival.rel) is None:
-            await inbox.ack([arrival])  # presence only: see docs/ainet.md "Joining"
+            self._done(arrival)  # presence only (docs/ainet.md)
             return
         text = msg.content
         if not parse(text).found_block:
@@ -381,13 +413,13 @@ class AinetAdapter(Adapter):
             if isinstance(built, Refusal | Settled):
                 if isinstance(built, Refusal):
                     await self._reply_error(arrival, msg, built.reason)
-                await inbox.ack([arrival])
+                self._done(arrival)
                 return
             text = render(built)
         answered = arrival.rel.endswith("_response.txt") and task_of(arrival.rel) is None
 
         async def committed(_: Disposition) -> None:
-            await inbox.ack([arrival])
+            self._done(arrival)
             if answered and self._writer is not None:
                 # The requester read the reply: session/status.txt DONE -> IDLE.
                 await asyncio.to_thread(self._writer.settle_session, SessionState.IDLE)
@@ -412,8 +444,11 @@ class AinetAdapter(Adapter):
         request_id, trace_id = self._fresh_ids(arrival, sender)
         task = task_of(arrival.rel)
         if task is not None:
-            linked = await records.request_for_folder(task)
-            conv = await self._conversation(linked or task)
+            linked = (self._links[task] if task in self._links
+                      else await records.request_for_folder(task))
+            if linked is None:
+                linked = await asyncio.to_thread(_opened_by_bridge, self.workspace, task)
+            conv = None if linked is None else await self._conversation(linked)
         else:
             conv = await self._session_conversation(arrival.rel, msg, sender)
         if conv is not None:
@@ -424,6 +459,7 @@ class AinetAdapter(Adapter):
         if (not isinstance(built, Refusal | Settled) and task is not None
                 and (conv is None or built.request_id != conv.request_id)):
             await records.link(task, built.request_id)
+            self._links[task] = built.request_id
         return built
 
     async def _conversation(self, request_id: str) -> ConvView | None:
@@ -514,19 +550,23 @@ class AinetAdapter(Adapter):
         broadcast = proto is not None and proto.is_broadcast
         to = "BROADCAST" if broadcast else peer or _peer(proto.to if proto else "") or "BROADCAST"
         request_id = message.request_id or (proto.request_id if proto else None)
-        task, reply_session = await self._placement(message, request_id)
+        keys: dict[str, str] = {}
+        if message.id is not None:
+            keys["turn"] = f"{message.id}:turn"
+            keys["slot"] = f"{message.id}:slot:{'BROADCAST' if broadcast else canonical(to)}"
+        # One round trip: the conversation's folder and what this message already became.
+        linked, found = await records.placement(request_id, list(keys.values()))
+        done = dict(zip(keys, found, strict=True))
+        task, reply_session = _placement(message, request_id, linked)
         slot: SlotKind | None = None
         if broadcast or peer is not None:
             slot = SlotKind.RESPONSE if proto is None else slot_kind(proto)
         if reply_session and slot is None:
             slot = SlotKind.RESPONSE
-        keys: dict[str, str] = {}
-        if message.id is not None:
-            if task is not None:
-                keys["turn"] = f"{message.id}:turn"
-            if slot is not None:
-                keys["slot"] = f"{message.id}:slot:{'BROADCAST' if broadcast else canonical(to)}"
-        done = dict(zip(keys, await records.delivered(list(keys.values())), strict=True))
+        if task is None:
+            keys.pop("turn", None)
+        if slot is None:
+            keys.pop("slot", None)
         if done.get("turn") is not None:
             task = None
         if done.get("slot") is not None:
@@ -574,23 +614,21 @@ class AinetAdapter(Adapter):
         session = [i for i in session or (done.get("slot") or "").split() if i != "spooled"]
         return Receipt(tuple(turns or session))
 
-    async def _placement(self, message: Outbound, request_id: str | None
-                         ) -> tuple[str | None, bool]:
-        """The conversation folder key for ``message`` (None: no turn), and whether it
-        answers a session file (so it goes to the session response slot)."""
-        records = self._records
-        assert records is not None
-        reply_to = message.reply_to or ""
-        rel = reply_to.rpartition("@")[0]
-        if message.kind is OutboundKind.NOTICE and rel:
-            return task_of(rel), task_of(rel) is None
-        if request_id is None:
-            return None, message.kind is OutboundKind.NOTICE
-        task = await records.folder_for_request(request_id) or request_id
-        try:
-            return check_request_id(task), False
-        except UnsafeNameError:
-            return None, True
+
+def _placement(message: Outbound, request_id: str | None, linked: str | None
+               ) -> tuple[str | None, bool]:
+    """The conversation folder key for ``message`` (None: no turn), and whether it answers
+    a session file (so it goes to the session response slot). ``linked``: the folder its
+    conversation lives in when that is not ``task-<RequestId>``."""
+    rel = (message.reply_to or "").rpartition("@")[0]
+    if message.kind is OutboundKind.NOTICE and rel:
+        return task_of(rel), task_of(rel) is None
+    if request_id is None:
+        return None, message.kind is OutboundKind.NOTICE
+    try:
+        return check_request_id(linked or request_id), False
+    except UnsafeNameError:
+        return None, True
 
 
 def _owes(conv: ConvView, sender: str) -> bool:
@@ -612,6 +650,19 @@ def _request_id_in(msg: AinetMessage) -> str | None:
     conversation folder is ``task-<RequestId>`` unless recorded otherwise)."""
     found = parse(msg.content).messages
     return found[0].request_id if found else None
+
+
+def _opened_by_bridge(workspace: Workspace, task: str) -> str | None:
+    """The RequestId in ``tasks/task-<task>/config.json`` when the bridge opened it."""
+    try:
+        raw = read_bounded(workspace.task_folder(task) / "config.json", 64 * 1024)
+        config = json.loads(raw or b"null")
+    except (UnsafeNameError, ValueError, RecursionError):  # any agent may write it
+        return None
+    if isinstance(config, dict) and config.get("created_by") == "bpgw":
+        found = config.get("request_id")
+        return found if isinstance(found, str) else None
+    return None
 
 
 def _task_config(request_id: str | None, message: Outbound, proto: Message | None

@@ -64,7 +64,8 @@ class IngestLedger(Protocol):
         """Remember ``records`` (after the gateway committed them)."""
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
+    """A Redis reply as text (the client may or may not decode responses)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -92,7 +93,7 @@ class BoundedHash:
         for start in range(0, len(fields), BATCH):
             chunk = list(fields[start:start + BATCH])
             raw = await self._client.hmget(self.key, chunk)
-            found += [None if value is None else _text(value) for value in raw]
+            found += [None if value is None else text_of(value) for value in raw]
         return found
 
     async def put(self, items: Sequence[tuple[str, str]]) -> None:

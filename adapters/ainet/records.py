@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-from adapters.ainet.ledger import BoundedHash, transport_tag
+from adapters.ainet.ledger import BoundedHash, text_of, transport_tag
 from protocol import name_key
 
 PEERS_MAX = 10_000
@@ -33,6 +33,7 @@ class BridgeRecords:
     def __init__(self, client: aioredis.Redis, namespace: str, transport: str, *,
                  conversations_max: int, deliveries_max: int) -> None:
         tag = transport_tag(namespace, transport)
+        self._client = client
         self._folders = BoundedHash(client, f"{tag}:folders", max_entries=conversations_max)
         self._deliveries = BoundedHash(client, f"{tag}:delivered", max_entries=deliveries_max)
         self._peers = BoundedHash(client, f"{tag}:peers", max_entries=PEERS_MAX)
@@ -43,17 +44,26 @@ class BridgeRecords:
         """The RequestId of the conversation living in ``tasks/task-<task>/``, if mapped."""
         return (await self._folders.get_many([f"F:{task}"]))[0]
 
-    async def folder_for_request(self, request_id: str) -> str | None:
-        """The task folder key of conversation ``request_id``, if it is not ``task-<R>``."""
-        return (await self._folders.get_many([f"R:{request_id}"]))[0]
+    async def folders(self, tasks: Sequence[str]) -> list[str | None]:
+        """``request_for_folder`` of several task folders in one call."""
+        return await self._folders.get_many([f"F:{task}" for task in tasks])
 
     async def link(self, task: str, request_id: str) -> None:
         """Conversation ``request_id`` lives in ``tasks/task-<task>/``."""
         await self._folders.put([(f"F:{task}", request_id), (f"R:{request_id}", task)])
 
-    async def delivered(self, keys: Sequence[str]) -> list[str | None]:
-        """For each delivery key, the native ids it became (space-separated), or None."""
-        return await self._deliveries.get_many(keys)
+    async def placement(self, request_id: str | None, keys: Sequence[str]
+                        ) -> tuple[str | None, list[str | None]]:
+        """The task folder key of conversation ``request_id`` when it is not
+        ``task-<RequestId>`` (else None) and, for each delivery key, the native ids it
+        became (space-separated) or None; one round trip."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hget(self._folders.key, f"R:{request_id}")
+            if keys:
+                pipe.hmget(self._deliveries.key, list(keys))
+            raw = await pipe.execute()
+        folder = text_of(raw[0]) if request_id is not None and raw[0] is not None else None
+        return folder, [None if v is None else text_of(v) for v in (raw[1] if keys else [])]
 
     async def mark_delivered(self, items: Sequence[tuple[str, str]]) -> None:
         """Remember ``(key, native ids)`` pairs."""
