@@ -505,6 +505,9 @@ class DiscordEmulator:
             return None
         self.identifies += 1
         self.intents.append(int(data.get("intents", 0)))
+        if self.intents[-1] & MESSAGE_CONTENT_INTENT and not self.app_flags:
+            await ws.close(code=4014, message=b"Disallowed intent(s).")
+            return None
         session = Session(id=f"session-{snowflake()}", ws=ws)
         self.sessions[session.id] = session
         await session.dispatch("READY", {

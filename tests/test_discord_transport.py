@@ -490,6 +490,34 @@ async def test_a_refused_token_leaves_the_transport_down(emulator: DiscordEmulat
     await adapter.stop()
 
 
+async def test_the_message_content_intent_not_enabled_says_how_to_fix_it(
+    emulator: DiscordEmulator,
+) -> None:
+    emulator.app_flags = 0  # Developer Portal: Message Content Intent off
+    adapter = DiscordAdapter("dc", discord_options(emulator))
+    with pytest.raises(discord.PrivilegedIntentsRequired):
+        await adapter.start(SinkWithoutCursors())  # type: ignore[arg-type]
+    assert adapter.health().state is HealthState.DOWN
+    assert "Message Content Intent" in adapter.health().detail
+    await adapter.stop()
+
+
+class SinkWithoutCursors:
+    """Enough of a gateway for a transport that never gets to read a message."""
+
+    def cursors(self, transport: str) -> Any:
+        return None
+
+
+@pytest.mark.parametrize(("mode", "where"), [("global", "global"), ("off", None)])
+async def test_command_sync_global_or_off(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any], mode: str, where: str | None
+) -> None:
+    async with start_gateway(sync_commands=mode) as gw:
+        assert list(emulator.synced) == ([where] if where else [])
+        assert gw.health()["transports"]["dc"]["commands"] == mode
+
+
 async def test_probe_checks_the_token_and_the_intent(emulator: DiscordEmulator) -> None:
     good = DiscordAdapter("dc", discord_options(emulator))
     token, intent = await good.probe()
