@@ -5,8 +5,8 @@ The file layer, one job per module: ``names`` (agent ids, safe path components),
 bounded reads), ``identity`` (a stable agent id), ``workspace`` (the layout and what the
 bridge writes), ``discovery``/``inbox``/``watch`` (finding complete new files),
 ``ledger``/``records`` (what was ingested and delivered, on Redis), ``mapping`` (plain
-AINET <-> bot-protocol), ``outbound`` (what one delivery writes) and ``adapter`` (the
-transport). See docs/ainet.md.
+AINET <-> bot-protocol), ``ingest`` (files to envelopes), ``outbound`` (what one
+delivery writes) and ``adapter`` (the transport). See docs/ainet.md.
 """
 
 from adapters.ainet.adapter import AinetAdapter

@@ -18,37 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import os
-import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from adapters.ainet.discovery import Scanner
-from adapters.ainet.fsio import TEMP_PREFIX, TEMP_SUFFIX, read_bounded
+from adapters.ainet.fsio import TEMP_PREFIX, TEMP_SUFFIX
 from adapters.ainet.identity import load_or_create_agent_id
-from adapters.ainet.inbox import Arrival, Inbox
+from adapters.ainet.inbox import Inbox
+from adapters.ainet.ingest import Ingest, native_id, task_of
 from adapters.ainet.ledger import RedisIngestLedger
-from adapters.ainet.mapping import (
-    ConvView,
-    Refusal,
-    Settled,
-    closes,
-    follow_up,
-    is_join,
-    opening,
-    slot_kind,
-    status_of,
-)
-from adapters.ainet.message import AinetMessage, AinetStatus, AinetType
+from adapters.ainet.mapping import closes, slot_kind, status_of
+from adapters.ainet.message import AinetMessage, AinetStatus
 from adapters.ainet.message import render as render_file
 from adapters.ainet.names import UnsafeNameError, canonical, check_agent_id, check_request_id
-from adapters.ainet.outbound import Plan, Writer
+from adapters.ainet.outbound import Plan, Writer, from_bridge
 from adapters.ainet.records import BridgeRecords
 from adapters.ainet.settings import AinetSettings
 from adapters.ainet.watch import Watcher
@@ -58,17 +45,13 @@ from adapters.ainet.workspace import (
     SlotKind,
     Workspace,
     Written,
-    turn_number,
 )
 from adapters.base import (
     Adapter,
     Address,
-    Author,
     Capabilities,
     ConfigError,
     DeliveryError,
-    Disposition,
-    Envelope,
     GatewaySink,
     HealthState,
     Outbound,
@@ -78,8 +61,7 @@ from adapters.base import (
     Receipt,
 )
 from adapters.options import load_options
-from protocol import Message, MessageBase, name_key, parse, render
-from protocol.ids import slug
+from protocol import Message, MessageBase, parse
 
 log = logging.getLogger("bpgw.adapters.ainet")
 
@@ -87,30 +69,7 @@ log = logging.getLogger("bpgw.adapters.ainet")
 _HEADER_ROOM = 1024
 # The session copy of a message adds its TYPE line.
 _TYPE_LINE_ROOM = 32
-_TURN = re.compile(r"tasks/task-([^/]+)/conversation/[^/]+")
-_FROM = re.compile(r"^\s*FROM\s*[:：]\s*(.+?)\s*$", re.MULTILINE)
 JOIN_TEXT = "AI Agent {id} has joined AINET(AI-Net) collaboration network."
-
-
-def native_id(rel: str, digest: str) -> str:
-    """A file's native id: its workspace path and content hash (a rewrite is a new one)."""
-    return f"{rel}@{digest[:32]}"
-
-
-def task_of(rel: str) -> str | None:
-    """``X`` for a turn file ``tasks/task-X/conversation/...``; None for other paths."""
-    match = _TURN.fullmatch(rel)
-    return match.group(1) if match else None
-
-
-def _order(arrival: Arrival) -> tuple[int, str]:
-    return turn_number(arrival.rel.rpartition("/")[2]) or 0, arrival.rel
-
-
-def _group(rel: str) -> str:
-    """Files of one conversation folder are handled in order; others independently."""
-    task = task_of(rel)
-    return f"task:{task}" if task is not None else rel
 
 
 def _peer(channel: str) -> str | None:
@@ -119,10 +78,6 @@ def _peer(channel: str) -> str | None:
         return check_agent_id(channel)
     except UnsafeNameError:
         return None
-
-
-def _now() -> datetime:
-    return datetime.now().replace(microsecond=0)
 
 
 class AinetAdapter(Adapter):
@@ -149,10 +104,7 @@ class AinetAdapter(Adapter):
         self._hints: list[str] = []
         self._written: list[Written] = []
         self._spooled = 0
-        # Files finished in the current batch, marked ingested together (after commit).
-        self._acks: list[Arrival] = []
-        # Task folder -> RequestId for the current batch (fetched in one call).
-        self._links: dict[str, str | None] = {}
+        self._ingest: Ingest | None = None
         self._broadcast_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -208,6 +160,8 @@ class AinetAdapter(Adapter):
         self._records = BridgeRecords(self._redis, self._namespace, self.name,
                                       conversations_max=s.conversation_record_max,
                                       deliveries_max=s.delivery_record_max)
+        self._ingest = Ingest(self.name, s, self._writer, self._inbox, self._records, sink,
+                              self._names, self._written.extend)
         self._written += await asyncio.to_thread(self._join)
         if s.discovery == "watch":
             self._watcher = Watcher(ws.root, self._on_paths)
@@ -222,8 +176,8 @@ class AinetAdapter(Adapter):
         ws = self.workspace
         if ws.own_slot("BROADCAST", SlotKind.BROADCAST) is not None:
             return []
-        join = AinetMessage(ws.agent_id, "BROADCAST", AinetType.BROADCAST, _now(),
-                            JOIN_TEXT.format(id=ws.agent_id))
+        join = from_bridge(ws.agent_id, "BROADCAST", JOIN_TEXT.format(id=ws.agent_id),
+                           AinetStatus.PENDING, type_line=True)
         assert self._writer is not None
         outcome = self._writer.write(Plan((join,), slot=SlotKind.BROADCAST,
                                           session_state=SessionState.PENDING))
@@ -291,7 +245,8 @@ class AinetAdapter(Adapter):
         self._wake.set()
 
     def _flush_written(self) -> list[Written]:
-        batch, self._written = self._written, []
+        batch = list(self._written)
+        self._written.clear()  # (the same list: Ingest appends to it)
         return batch
 
     async def _run(self) -> None:
@@ -311,217 +266,21 @@ class AinetAdapter(Adapter):
 
     async def poll_once(self) -> int:
         """One pass: ingest complete new files, move spooled ones; returns files ingested."""
-        inbox, writer = self._inbox, self._writer
-        if inbox is None or writer is None:
+        inbox, writer, ingest = self._inbox, self._writer, self._ingest
+        if inbox is None or writer is None or ingest is None:
             raise RuntimeError(f"ainet transport {self.name} is not running")
         if self._hints:
             hints, self._hints = self._hints, []
             inbox.scanner.mark_dirty(hints)
         if self._written:
             await inbox.note_written(self._flush_written())
-        await self._flush_acks()  # (left from a batch whose flush failed)
+        await ingest.flush_acks()  # (left from a batch whose flush failed)
         arrivals = await inbox.poll()
         if arrivals:
-            await self._ingest(arrivals)
+            await ingest.run(arrivals)
         placed, self._spooled = await asyncio.to_thread(_pump, writer)
         self._written += placed
         return len(arrivals)
-
-    async def _ingest(self, arrivals: list[Arrival]) -> None:
-        groups: dict[str, list[Arrival]] = {}
-        for arrival in arrivals:
-            groups.setdefault(_group(arrival.rel), []).append(arrival)
-        gate = asyncio.Semaphore(self.settings.ingest_concurrency)
-        assert self._records is not None
-        tasks = sorted({t for a in arrivals if (t := task_of(a.rel)) is not None})
-        self._links = dict(zip(tasks, await self._records.folders(tasks), strict=True))
-
-        async def run(items: list[Arrival]) -> None:
-            async with gate:
-                for arrival in sorted(items, key=_order):
-                    await self._ingest_one(arrival)
-
-        try:
-            await asyncio.gather(*(run(items) for items in groups.values()))
-        finally:
-            self._links = {}
-            await self._flush_acks()
-
-    def _done(self, arrival: Arrival) -> None:
-        """``arrival`` is committed (or needs nothing): mark it at the end of this batch."""
-        self._acks.append(arrival)
-
-    async def _flush_acks(self) -> None:
-        """Record the batch's finished files in the ingest record (one Redis call per 500).
-
-        Marked only after commit; if this fails, they stay in flight here and are
-        recorded at the next flush (a restart before that reads them again, and the
-        gateway recognises them as processed)."""
-        inbox = self._inbox
-        if self._acks and inbox is not None:
-            batch, self._acks = self._acks, []
-            try:
-                await inbox.ack(batch)
-            except Exception:
-                self._acks = batch + self._acks
-                raise
-
-    async def _ingest_one(self, arrival: Arrival) -> None:
-        inbox = self._inbox
-        assert inbox is not None
-        try:
-            await self._handle(arrival)
-        except Exception as exc:
-            log.warning("ainet transport %s: %s not ingested yet: %s", self.name, arrival.rel,
-                        exc, exc_info=not isinstance(exc, OSError))
-            inbox.release([arrival])
-
-    # -- inbound -----------------------------------------------------------------------
-
-    def _for_me(self, msg: AinetMessage) -> bool:
-        return msg.to in ("BROADCAST", "TASK") or canonical(msg.to) == canonical(
-            self.agent_id or "")
-
-    def protocol_name(self, agent_id: str) -> str:
-        """The bot-protocol name of an AINET agent (``agents`` option, else its id)."""
-        return self._names.get(canonical(agent_id), agent_id)
-
-    async def _handle(self, arrival: Arrival) -> None:
-        inbox, records, sink = self._inbox, self._records, self._sink
-        assert inbox is not None and records is not None and sink is not None
-        msg = arrival.message
-        if msg is None:
-            await self._reply_error(arrival, None, f"it is not an AINET message ({arrival.error})")
-            self._done(arrival)
-            return
-        if not self._for_me(msg):
-            self._done(arrival)  # between other agents: not the bridge's business
-            return
-        sender = self.protocol_name(msg.sender)
-        await records.note_peers([(sender, msg.sender)])
-        if "#" in msg.sender:
-            await self._reply_error(arrival, msg, "agent ids containing '#' can't be given an "
-                                    "address in the gateway; use another id")
-            self._done(arrival)
-            return
-        if is_join(msg) and task_of(arrival.rel) is None:
-            self._done(arrival)  # presence only (docs/ainet.md)
-            return
-        text = msg.content
-        if not parse(text).found_block:
-            built = await self._plain(arrival, msg, sender)
-            if isinstance(built, Refusal | Settled):
-                if isinstance(built, Refusal):
-                    await self._reply_error(arrival, msg, built.reason)
-                self._done(arrival)
-                return
-            text = render(built)
-        answered = arrival.rel.endswith("_response.txt") and task_of(arrival.rel) is None
-
-        async def committed(_: Disposition) -> None:
-            self._done(arrival)
-            if answered and self._writer is not None:
-                # The requester read the reply: session/status.txt DONE -> IDLE.
-                await asyncio.to_thread(self._writer.settle_session, SessionState.IDLE)
-
-        disposition = await sink.on_envelope(Envelope(
-            transport=self.name, channel=msg.sender,
-            author=Author(msg.sender, sender, is_bot=True), text=text,
-            native_id=native_id(arrival.rel, arrival.record.digest), on_commit=committed))
-        if not disposition.committed:
-            inbox.release([arrival])
-
-    def _fresh_ids(self, arrival: Arrival, sender: str) -> tuple[str, str]:
-        """RequestId and TraceId for a conversation a plain file opens: derived from the
-        file, so reading it again after a crash builds the very same message."""
-        seed = hashlib.sha256(f"{arrival.rel}\n{arrival.record.digest}".encode()).hexdigest()
-        return f"{slug(sender)}-{seed[:12]}", seed[12:44]
-
-    async def _plain(self, arrival: Arrival, msg: AinetMessage, sender: str
-                     ) -> Message | Refusal | Settled:
-        records = self._records
-        assert records is not None
-        request_id, trace_id = self._fresh_ids(arrival, sender)
-        task = task_of(arrival.rel)
-        if task is not None:
-            linked = (self._links[task] if task in self._links
-                      else await records.request_for_folder(task))
-            if linked is None:
-                linked = await asyncio.to_thread(_opened_by_bridge, self.workspace, task)
-            conv = None if linked is None else await self._conversation(linked)
-        else:
-            conv = await self._session_conversation(arrival.rel, msg, sender)
-        if conv is not None:
-            built = follow_up(msg, sender, conv, fresh_id=request_id)
-        else:
-            built = opening(msg, sender, self.settings.default_recipient,
-                            request_id=request_id, trace_id=trace_id)
-        if (not isinstance(built, Refusal | Settled) and task is not None
-                and (conv is None or built.request_id != conv.request_id)):
-            await records.link(task, built.request_id)
-            self._links[task] = built.request_id
-        return built
-
-    async def _conversation(self, request_id: str) -> ConvView | None:
-        assert self._sink is not None
-        try:
-            check_request_id(request_id)
-        except UnsafeNameError:
-            return None
-        found = await self._sink.conversation(request_id)
-        return None if found is None else ConvView.from_dict(found)
-
-    async def _session_conversation(self, rel: str, msg: AinetMessage, sender: str
-                                    ) -> ConvView | None:
-        """The conversation a session file from ``sender`` answers: the one in the
-        bridge's own request/response slot to it that waits on it, or (for a response
-        file) the bridge's broadcast."""
-        writer = self._writer
-        assert writer is not None
-        kinds = [SlotKind.REQUEST, SlotKind.RESPONSE]
-        if rel.endswith("_response.txt"):
-            kinds.append(SlotKind.BROADCAST)
-        for kind in kinds:
-            to = "BROADCAST" if kind is SlotKind.BROADCAST else msg.sender
-            own = await asyncio.to_thread(writer.own_slot, to, kind)
-            blocks = parse(own.content).messages if own is not None else []
-            if not blocks:
-                continue
-            conv = await self._conversation(blocks[0].request_id)
-            if conv is None:
-                continue
-            if kind is SlotKind.BROADCAST or (not conv.closed and _owes(conv, sender)):
-                return conv
-        return None
-
-    async def _reply_error(self, arrival: Arrival, msg: AinetMessage | None, reason: str) -> None:
-        """Answer a file the gateway can't take, in the same conversation or session."""
-        writer = self._writer
-        assert writer is not None
-        sender = msg.sender if msg is not None else await asyncio.to_thread(
-            _guess_sender, self.workspace.root / arrival.rel, self.settings.max_message_bytes)
-        content = (f"bpgw could not take {arrival.rel}: {reason}.\n"
-                   "The file is kept as it is; write a corrected message as a new file.")
-        task = task_of(arrival.rel)
-        reply = self._message(sender or "BROADCAST", content, status_of(None))
-        plans = [Plan((reply,), slot=SlotKind.RESPONSE, session_state=SessionState.DONE)]
-        if task is not None:
-            plans.insert(0, Plan((reply,), task=task))
-        for plan in plans:
-            try:
-                self._written += (await asyncio.to_thread(writer.write, plan)).written
-                break
-            except (UnsafeNameError, LayoutError) as exc:
-                log.warning("ainet transport %s: error reply for %s not written here: %s",
-                            self.name, arrival.rel, exc)
-        log.info("ainet transport %s: refused %s: %s", self.name, arrival.rel, reason)
-
-    def _message(self, to: str, content: str, status: AinetStatus) -> AinetMessage:
-        """A message from the bridge; turn files carry no TYPE line (v0.3 examples)."""
-        kind = {"BROADCAST": AinetType.BROADCAST, "TASK": AinetType.TASK}.get(
-            to, AinetType.PRIVATE)
-        return AinetMessage(self.agent_id or "", to, kind, _now(), content, status,
-                            type_line=False)
 
     # -- outbound ----------------------------------------------------------------------
 
@@ -574,7 +333,7 @@ class AinetAdapter(Adapter):
         status = status_of(proto)
         chunks = self.split_text(message.text)
         plan = Plan(
-            tuple(self._message(to, chunk, status) for chunk in chunks),
+            tuple(from_bridge(writer.workspace.agent_id, to, chunk, status) for chunk in chunks),
             task=task,
             task_config=_task_config(request_id, message, proto),
             final=closes(proto),
@@ -631,11 +390,6 @@ def _placement(message: Outbound, request_id: str | None, linked: str | None
         return None, True
 
 
-def _owes(conv: ConvView, sender: str) -> bool:
-    owner = conv.requester if conv.status == "clarifying" else conv.assignee
-    return name_key(owner) == name_key(sender)
-
-
 def _protocol_message(message: Outbound) -> Message | None:
     if message.kind is not OutboundKind.PROTOCOL:
         return None
@@ -652,19 +406,6 @@ def _request_id_in(msg: AinetMessage) -> str | None:
     return found[0].request_id if found else None
 
 
-def _opened_by_bridge(workspace: Workspace, task: str) -> str | None:
-    """The RequestId in ``tasks/task-<task>/config.json`` when the bridge opened it."""
-    try:
-        raw = read_bounded(workspace.task_folder(task) / "config.json", 64 * 1024)
-        config = json.loads(raw or b"null")
-    except (UnsafeNameError, ValueError, RecursionError):  # any agent may write it
-        return None
-    if isinstance(config, dict) and config.get("created_by") == "bpgw":
-        found = config.get("request_id")
-        return found if isinstance(found, str) else None
-    return None
-
-
 def _task_config(request_id: str | None, message: Outbound, proto: Message | None
                  ) -> dict[str, Any]:
     config: dict[str, Any] = {"request_id": request_id, "trace_id": message.trace_id,
@@ -678,18 +419,6 @@ def _task_config(request_id: str | None, message: Outbound, proto: Message | Non
 def _pump(writer: Writer) -> tuple[list[Written], int]:
     placed = writer.pump()
     return placed, writer.workspace.spooled()
-
-
-def _guess_sender(path: Path, limit: int) -> str | None:
-    """The FROM of a file that is not a valid message, when it names a valid agent id."""
-    data = read_bounded(path, limit) or b""
-    match = _FROM.search(data[:4096].decode("utf-8", "replace"))
-    if match is None:
-        return None
-    try:
-        return check_agent_id(match.group(1))
-    except UnsafeNameError:
-        return None
 
 
 def _probe_folder(check: str, folder: Path, create: bool) -> Probe:

@@ -13,12 +13,22 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
-from adapters.ainet.message import AinetMessage
+from adapters.ainet.message import AinetMessage, AinetStatus, AinetType
 from adapters.ainet.workspace import SessionState, SlotKind, Workspace, Written
 
 OPENED_MAX = 4096
+
+
+def from_bridge(agent_id: str, to: str, content: str, status: AinetStatus, *,
+                type_line: bool = False) -> AinetMessage:
+    """A message from the bridge, timed now; turn files carry no TYPE line (v0.3
+    examples; session files get it when posted)."""
+    kind = {"BROADCAST": AinetType.BROADCAST, "TASK": AinetType.TASK}.get(to, AinetType.PRIVATE)
+    return AinetMessage(agent_id, to, kind, datetime.now().replace(microsecond=0), content,
+                        status, type_line=type_line)
 
 
 @dataclass(frozen=True)
