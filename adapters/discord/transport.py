@@ -464,6 +464,9 @@ class DiscordAdapter(Adapter):
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return (Probe(check, False, f"cannot reach {api}: {exc or type(exc).__name__}",
                           "check the network and api_base_url"),)
+        if not isinstance(me, dict):
+            return (Probe(check, False, "GET /users/@me did not answer a user object",
+                          "check api_base_url: it must point at Discord's API (or a proxy)"),)
         found = [Probe(check, True, f"bot {me.get('username')} ({me.get('id')})")]
         flags = int(app.get("flags") or 0) if isinstance(app, dict) else 0
         intent = f"transport {self.name}: message content intent"
