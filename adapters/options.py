@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import types
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -105,9 +106,34 @@ def describe_validation_error(
     return "; ".join(problems)
 
 
+class TransportOptions(dict[str, Any]):
+    """A transport's options as the gateway hands them to its factory: a plain dict that
+    also knows ``config_dir``, the folder of the config file they came from (None without
+    a file). `load_options` resolves relative path options against it."""
+
+    def __init__(self, values: Mapping[str, Any], config_dir: Path | None = None) -> None:
+        super().__init__(values)
+        self.config_dir = config_dir
+
+
+def _relative_to(model: type[BaseModel], values: dict[str, Any], folder: Path) -> None:
+    """Options typed ``Path`` given as relative paths become relative to ``folder``."""
+    for key, value in values.items():
+        if isinstance(value, str) and value and field_type(model, (key,)) is Path:
+            values[key] = str(folder / Path(value).expanduser())
+
+
 def load_options(model: type[ModelT], name: str, options: Mapping[str, Any] | None) -> ModelT:
-    """Validate a transport's ``options`` mapping; raise ``ConfigError`` naming the key."""
+    """Validate a transport's ``options`` mapping; raise ``ConfigError`` naming the key.
+
+    Options from a config file (`TransportOptions` with a ``config_dir``) that are typed
+    ``Path`` and relative are taken relative to the config file's folder.
+    """
+    values = dict(options or {})
+    folder = getattr(options, "config_dir", None)
+    if isinstance(folder, Path):
+        _relative_to(model, values, folder)
     try:
-        return model.model_validate(dict(options or {}))
+        return model.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, f"transports.{name}", model)) from None

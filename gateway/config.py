@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -30,7 +31,7 @@ from pydantic import (
 
 from adapters.base import Address
 from adapters.base import ConfigError as ConfigError  # one class, one prefix, for every config
-from adapters.options import describe_validation_error, field_type
+from adapters.options import TransportOptions, describe_validation_error, field_type
 from protocol.names import check_name, name_key
 from state.settings import StateSettings
 
@@ -207,6 +208,9 @@ class AgentSection(_Section):
 class GatewayConfig(_Section):
     """The whole configuration file."""
 
+    # The folder of the config file it was loaded from (None: defaults, no file).
+    _config_dir: Path | None = PrivateAttr(default=None)
+
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     state: StateSection = Field(default_factory=StateSection)
     policy: PolicySection = Field(default_factory=PolicySection)
@@ -283,13 +287,17 @@ class GatewayConfig(_Section):
         """A transport's kind: its ``kind`` key, else its table name."""
         return str(self.transports[name].get("kind", name))
 
-    def transport_options(self, name: str) -> dict[str, Any]:
-        """A transport's options without ``kind``/``enabled``/``required``."""
-        return {
-            k: v
-            for k, v in self.transports[name].items()
-            if k not in ("kind", "enabled", "required")
-        }
+    def transport_options(self, name: str) -> TransportOptions:
+        """A transport's options without ``kind``/``enabled``/``required``; relative path
+        options are relative to the config file's folder (`load_options`)."""
+        return TransportOptions(
+            {
+                k: v
+                for k, v in self.transports[name].items()
+                if k not in ("kind", "enabled", "required")
+            },
+            self._config_dir,
+        )
 
     def enabled_transports(self) -> list[str]:
         """Names of transports whose ``enabled`` is not false."""
@@ -370,14 +378,13 @@ def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> No
 
 
 def _relative_to_file(data: dict[str, Any], folder: Path) -> None:
-    """A relative ``[gateway] data_dir`` in a config file is relative to the file's
-    folder (not to wherever the gateway is started); environment overrides stay
-    relative to the current folder."""
+    """A relative ``[gateway] data_dir`` of a config file's configuration (the file or an
+    override) is relative to the file's folder, not to wherever the gateway started."""
     gateway = data.get("gateway")
     if not isinstance(gateway, dict):
         return
     value = gateway.get("data_dir")
-    if isinstance(value, str) and value and not value.startswith("env:"):
+    if isinstance(value, str) and value:
         gateway["data_dir"] = str(folder / Path(value).expanduser())
 
 
@@ -396,10 +403,14 @@ def load_config(
             raise ConfigError(f"config file {path} cannot be read: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        _relative_to_file(data, Path(path).absolute().parent)
     _apply_env_overrides(data, env)
     data = _resolve_env_refs(data, "config", env)
+    folder = None if path is None else Path(path).absolute().parent
+    if folder is not None:
+        _relative_to_file(data, folder)
     try:
-        return GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "", GatewayConfig)) from None
+    config._config_dir = folder
+    return config

@@ -8,8 +8,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from adapters.base import Address, create_adapter
+from adapters.options import TransportOptions, load_options
 from gateway.config import (
     AgentSection,
     ConfigError,
@@ -224,3 +226,39 @@ def test_retired_loop_guard_keys_still_load_with_a_warning(
     assert "loop_guard_max_entries is no longer used" in caplog.text
     with pytest.raises(ConfigError, match=r"policy\.dedupe_window"):  # still typo-checked
         load_config(None, environ={"BPGW_POLICY__DEDUPE_WINDOW": "1"})
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    path = conf / "gw.toml"
+    path.write_text(
+        '[gateway]\ndata_dir = "data"\n'
+        '[transports.share]\nkind = "memory"\nworkspace = "shared"\n'
+    )
+    config = load_config(path, environ={})
+    assert config.gateway.data_dir == conf / "data"
+    options = config.transport_options("share")
+    assert options == {"workspace": "shared"} and options.config_dir == conf
+    # An override of a file's key is part of that configuration: the same folder.
+    env = {"BPGW_GATEWAY__DATA_DIR": "elsewhere"}
+    assert load_config(path, environ=env).gateway.data_dir == conf / "elsewhere"
+    # Without a file, relative paths stay relative to the current folder.
+    assert load_config(None, environ=env).gateway.data_dir == Path("elsewhere")
+
+
+def test_load_options_resolves_path_options_against_the_config_folder() -> None:
+    class Folders(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        workspace: Path
+        creds_file: Path | None = None
+        name: str = "x"
+
+    base = Path("/etc/bpgw")
+    options = TransportOptions(
+        {"workspace": "shared", "creds_file": "/abs/c.creds", "name": "shared"}, base
+    )
+    loaded = load_options(Folders, "t", options)
+    assert loaded.workspace == base / "shared"
+    assert loaded.creds_file == Path("/abs/c.creds") and loaded.name == "shared"
+    assert load_options(Folders, "t", {"workspace": "rel"}).workspace == Path("rel")

@@ -31,10 +31,13 @@ def cli_environ(args: argparse.Namespace) -> dict[str, str]:
     """The environment plus --redis-url, --namespace and --data-dir as ``BPGW_*``
     overrides: a value given on the command line is checked, and reported when wrong,
     exactly like the same key in a config file or the environment."""
+    data_dir = getattr(args, "data_dir", None)
     explicit = {
         "BPGW_STATE__REDIS_URL": getattr(args, "redis_url", None),
         "BPGW_STATE__NAMESPACE": getattr(args, "namespace", None),
-        "BPGW_GATEWAY__DATA_DIR": getattr(args, "data_dir", None),
+        # A path on the command line is relative to the current folder (a config's are
+        # relative to the config file's).
+        "BPGW_GATEWAY__DATA_DIR": None if data_dir is None else Path(data_dir).absolute(),
     }
     return {**os.environ, **{k: str(v) for k, v in explicit.items() if v is not None}}
 
