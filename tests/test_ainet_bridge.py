@@ -17,6 +17,7 @@ import pytest
 
 from adapters.ainet.settings import AinetSettings
 from adapters.base import Address, ConfigError, DeliveryError, Outbound, create_adapter
+from gateway.config import AgentSection
 from protocol import (
     MessageType,
     Status,
@@ -39,7 +40,7 @@ from ainet_kit import (
     ingested,
 )
 from ainet_peer import PlainAgent, conv, read_message
-from gwkit import running
+from gwkit import memory, running
 
 
 def _session(root: Path, name: str) -> Path:
@@ -407,3 +408,54 @@ async def test_a_block_too_large_for_a_file_is_refused_before_writing(
                                            recipient=PEER, request_id="lotbot-big", id="9-0"))
         assert refused.value.code == "too_large"
         assert not _files(tmp_path / "shared" / "tasks", "*lotbot-big*")
+
+
+async def test_a_session_only_agent_answers_a_clarify(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    """An agent that only knows session/ files: its next request file answers the
+    bridge's CLARIFY (the bridge's response slot names the conversation)."""
+    root = tmp_path / "shared"
+    async with chat_and_bridge(bridge_config(redis_url, namespace, tmp_path)) as (gw, chat):
+        peer = PlainAgent(root, PEER)
+        peer.request(ME, "@Lotbot rotate the logs")
+        request = await chat.one()
+        await chat.post(reply_clarify(request, sender="Lotbot", question="Which host?"))
+        response = _session(root, f"{conv(ME)}_to_{conv(PEER)}_response.txt")
+        await eventually(response.exists)
+        assert parse(read_message(response)["Content"]).messages[0].type is MessageType.CLARIFY
+        peer.request(ME, "build-02")
+        answer = await chat.one()
+        assert (answer.type, answer.request_id, answer.result) == (  # type: ignore[union-attr]
+            MessageType.RESPONSE, request.request_id, "build-02")
+        await chat.post(reply_response(answer, sender="Lotbot", status="done", result="rotated"))
+        await eventually(lambda: "rotated" in response.read_text(encoding="utf-8"))
+        assert (await gw.conversation(request.request_id) or {})["status"] == "done"
+
+
+async def test_mirrored_conversations_are_written_as_turns(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    """``mirrors = ["ainet:mirror"]``: a chat-only conversation appears in the folder as
+    turns of its task folder (TO the recipient or BROADCAST), without session files."""
+    config = bridge_config(redis_url, namespace, tmp_path).model_copy(update={
+        "mirrors": ["ainet:mirror"]})
+    config = config.model_copy(update={"transports": {
+        **config.transports, "side": {"kind": "memory"}}, "agents": {
+        **config.agents, "Mantis": AgentSection(addresses=["side:mantis-room"],
+                                                identities=["side:u-mantis"])}})
+    root = tmp_path / "shared"
+    async with chat_and_bridge(config) as (gw, chat):
+        ask = build_request(sender="Lotbot", to="Mantis", task="check disk")
+        await chat.post(ask)
+        answer = reply_response(ask, sender="Mantis", status="done", result="fine")
+        await memory(gw, "side").inject(render(answer), author_id="u-mantis",
+                                        channel="mantis-room")
+        await gw.drain()
+        turns = await eventually(lambda: len(PlainAgent(root, PEER).conversation(
+            ask.request_id)) == 2 and PlainAgent(root, PEER).conversation(ask.request_id))
+        assert [parse(m["Content"]).messages[0] for _, m in turns] == [ask, answer]
+        assert {m["TO"] for _, m in turns} == {"BROADCAST"}
+        assert [m["Status"] for _, m in turns] == ["PENDING", "DONE"]
+        assert sorted(p.name for p in (root / "session").iterdir()) == [
+            f"{conv(ME)}_to_BROADCAST_broadcast.txt", "status.txt"]
