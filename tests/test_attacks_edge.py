@@ -381,3 +381,106 @@ async def test_spellings_of_a_name_share_its_pair_budget(gw: Gateway) -> None:
     assert load == {"mantis": 4}
     listed = await gw.conversations(status="open", agent="ＭＡＮＴＩＳ", offset=0, limit=10)
     assert len(listed) == 4
+
+
+# -- slow and incomplete requests are closed (item 12) ---------------------------------
+
+CAP = 64
+
+
+@pytest.fixture
+async def capped(redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+                 ) -> AsyncIterator[Gateway]:
+    """The edge gateway with a small connection cap and one-second read timeouts."""
+    config = edge_config(redis_url, namespace, tmp_path)
+    web = {**config.transports["web"], "max_connections": CAP, "header_timeout_seconds": 1,
+           "body_timeout_seconds": 1}
+    async with running(config.model_copy(
+            update={"transports": {**config.transports, "web": web}})) as gateway:
+        yield gateway
+
+
+async def _silent(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    # The writer is kept: a collected one would close its socket.
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def _trickle(port: int, head: bytes, stop: asyncio.Event) -> bytes:
+    """Send ``head`` one byte every 0.2 s; what the server answered when it closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for byte in head:
+            writer.write(bytes([byte]))
+            try:
+                return await asyncio.wait_for(reader.read(), 0.2)  # until closed
+            except TimeoutError:
+                if stop.is_set():
+                    return b"still open"
+        return await asyncio.wait_for(reader.read(), 5)
+    except (ConnectionError, OSError):
+        return b""
+    finally:
+        writer.close()
+
+
+async def _accepted(web: HttpAdapter, opened: int) -> None:
+    """Wait until the server accepted ``opened`` connections; it never holds over CAP."""
+    async with asyncio.timeout(10):
+        while True:
+            stats = web.stats()
+            assert stats["connections"] <= CAP, stats
+            if stats["connections_accepted"] + stats["connections_refused"] >= opened:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_slow_and_silent_connections_cannot_starve_the_server(capped: Gateway) -> None:
+    web = capped.adapters["web"]
+    assert isinstance(web, HttpAdapter)
+    port = int(url(capped).rsplit(":", 1)[1])
+    stop = asyncio.Event()
+    body = json.dumps({"text": "x" * 200}).encode()
+    post_head = (f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 f"{TOKENS['dave']}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n").encode()
+    # Trickling heads and trickling bodies, then far more silent sockets than the cap.
+    heads = [asyncio.create_task(_trickle(port, b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 60,
+                                          stop)) for _ in range(10)]
+    bodies = []
+    for _ in range(5):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post_head)
+        bodies.append((reader, writer))
+    silent = [await _silent(port) for _ in range(3 * CAP)]
+    await _accepted(web, 3 * CAP + 15)
+    no_pool = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=no_pool) as http:
+        for _ in range(3):  # served every time, however many idle sockets are open
+            status, health, _ = await _status_of(http, f"{url(capped)}/healthz")
+            assert status == 200, health
+            req = build_request(sender="dave", to="Mantis", task="still served")
+            status, answer = await post(http, capped, "dave", render(req))
+            assert status == 200 and answer["outcome"] == "accepted", answer
+            silent += [await _silent(port) for _ in range(CAP)]
+            await _accepted(web, len(silent) + 15)
+    stats = web.stats()
+    assert stats["connections_evicted"] >= 3 * CAP and stats["connections_refused"] == 0, stats
+    # Bodies that never finish get 408 once body_timeout_seconds passes.
+    for _, writer in bodies:
+        writer.write(body[:10])
+    for reader, writer in bodies:
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:60]
+        writer.close()
+    # Trickling heads and silent sockets are closed after header_timeout_seconds.
+    closed = await asyncio.wait_for(asyncio.gather(*heads), 5)
+    assert b"still open" not in closed
+    assert all([await asyncio.wait_for(r.read(), 5) == b"" for r, _ in silent[-CAP // 2:]])
+    for _, writer in silent:
+        writer.close()
+    async with asyncio.timeout(5):
+        while True:  # every idle socket is closed within the timeout
+            if not web.stats()["connections"]:
+                break
+            await asyncio.sleep(0.05)
+    stop.set()

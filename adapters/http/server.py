@@ -14,9 +14,10 @@ import logging
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from adapters.base import (
     Adapter,
@@ -36,6 +37,7 @@ from adapters.base import (
     WebRoute,
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
+from adapters.http.connections import ConnectionGuard, fit_descriptor_limit
 from adapters.http.inbox import ACK_ID, Inboxes, InboxMessage
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
@@ -49,11 +51,13 @@ from adapters.http.wire import (
     query_number,
     query_text,
     read_body,
+    read_bytes,
 )
 from adapters.options import load_options
 from protocol.names import name_key
 
 log = logging.getLogger("bpgw.adapters.http")
+BodyT = TypeVar("BodyT", bound=BaseModel)
 
 # Dispositions answered with 422: the gateway looked at the message and refused it.
 REFUSED_OUTCOMES = frozenset({"malformed", "rejected"})
@@ -149,6 +153,8 @@ class HttpAdapter(Adapter):
         self._inboxes_store: Inboxes | None = None
         self._sink: GatewaySink | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self._guard = ConnectionGuard(self.settings.max_connections)
         self._url: str | None = None
         self._stopping = False
         self._routes: list[WebRoute] = []
@@ -165,7 +171,8 @@ class HttpAdapter(Adapter):
     def make_app(self) -> web.Application:
         """The aiohttp application with every route and the JSON error middleware."""
         app = web.Application(
-            client_max_size=self.settings.max_body_bytes, middlewares=[json_errors]
+            client_max_size=self.settings.max_body_bytes,
+            middlewares=[self._guard.middleware, json_errors],
         )
         app.router.add_post("/v1/messages", self._post_message)
         app.router.add_get("/v1/agents/{name}/inbox", self._get_inbox)
@@ -191,11 +198,8 @@ class HttpAdapter(Adapter):
 
     def _web_handler(self, route: WebRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            size = request.content_length
-            if size is not None and size > self.settings.max_body_bytes:
-                raise ApiError(413, f"body of {size} bytes exceeds the limit of "
-                                    f"{self.settings.max_body_bytes}")
-            body = await request.read()  # client_max_size bounds a chunked one
+            s = self.settings
+            body = await read_bytes(request, s.max_body_bytes, s.body_timeout_seconds)
             answer = await route.handler(WebRequest(dict(request.headers), body, request.remote))
             return web.json_response(dict(answer.body), status=answer.status,
                                      headers=dict(answer.headers))
@@ -231,16 +235,33 @@ class HttpAdapter(Adapter):
             raise RuntimeError(f"http transport {self.name} is already running")
         self._sink = sink
         self._stopping = False
-        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+        s = self.settings
+        self._guard.limit = fit_descriptor_limit(s.max_connections)
+        # aiohttp's keep-alive timeout also runs from the connection's start, so it closes
+        # a connection whose first request head is incomplete (silent or trickling).
+        runner = web.AppRunner(
+            self.make_app(),
+            access_log=None,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            keepalive_timeout=s.header_timeout_seconds,
+            # After an answer sent before the body was read (401, 408), the rest of the
+            # body is read and dropped at most this long, then the connection closes.
+            lingering_time=s.header_timeout_seconds,
+        )
         await runner.setup()
+        assert runner.server is not None
         try:
-            await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+            # The listener is ours (not a TCPSite) so the guard sees every connection:
+            # aiohttp's server is the protocol factory it wraps.
+            listener = await asyncio.get_running_loop().create_server(
+                self._guard.protocol_factory(runner.server), s.host, s.port, backlog=1024
+            )
         except OSError as exc:
             await runner.cleanup()
             self.set_health(HealthState.DOWN, f"cannot listen: {exc}")
             raise
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
+        self._runner, self._listener = runner, listener
+        host, port = listener.sockets[0].getsockname()[:2]
         host = f"[{host}]" if ":" in host else host
         self._url = f"http://{host}:{port}"
         self.set_health(HealthState.UP, f"listening on {self._url}")
@@ -249,9 +270,12 @@ class HttpAdapter(Adapter):
     async def stop(self) -> None:
         """Stop serving; waiting long-polls return empty at once. Safe to call twice."""
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
         self._stopping = True
         if self._inboxes_store is not None:
             self._inboxes_store.wake_all()
+        if listener is not None:
+            listener.close()  # no new connections; the runner closes the open ones
         if runner is not None:
             await runner.cleanup()
         if self._inboxes_store is not None:
@@ -259,6 +283,20 @@ class HttpAdapter(Adapter):
             log.info("http transport %s stopped", self.name)
         self._url = None
         self.set_health(HealthState.DOWN, "stopped")
+
+    def stats(self) -> Mapping[str, Any]:
+        """Open client connections, the cap, how many were accepted, closed to make room
+        and refused at it (``/healthz``, ``/protocol status``)."""
+        if self._listener is None:
+            return {}
+        g = self._guard
+        return {
+            "connections": len(g),
+            "max_connections": g.limit,
+            "connections_accepted": g.accepted,
+            "connections_evicted": g.evicted,
+            "connections_refused": g.refused,
+        }
 
     async def probe(self) -> Sequence[Probe]:
         """The listening address can be bound (as ``start`` will: every address ``host``
@@ -362,13 +400,17 @@ class HttpAdapter(Adapter):
             )
         return caller
 
+    async def _body(self, request: web.Request, model: type[BodyT]) -> BodyT:
+        s = self.settings
+        return parse_as(model, await read_body(request, s.max_body_bytes, s.body_timeout_seconds))
+
     # -- handlers --------------------------------------------------------------------
 
     async def _post_message(self, request: web.Request) -> web.Response:
         caller = self._caller(request)
         if caller.is_operator:
             raise ApiError(403, "operator tokens send commands (POST /v1/commands), not messages")
-        body = parse_as(MessageBody, await read_body(request, self.settings.max_body_bytes))
+        body = await self._body(request, MessageBody)
         native_id = new_native_id()
         envelope = Envelope(
             transport=self.name,
@@ -430,14 +472,14 @@ class HttpAdapter(Adapter):
 
     async def _post_ack(self, request: web.Request) -> web.Response:
         owner = await self._inbox_owner(request)
-        body = parse_as(AckBody, await read_body(request, self.settings.max_body_bytes))
+        body = await self._body(request, AckBody)
         ack = _ack_id(body.id)
         await self._inboxes.take(owner, 0, 0.0, ack=ack)
         return web.json_response({"acked": ack})
 
     async def _post_command(self, request: web.Request) -> web.Response:
         caller = self._caller(request)
-        body = parse_as(CommandBody, await read_body(request, self.settings.max_body_bytes))
+        body = await self._body(request, CommandBody)
         name, args = body.resolve()
         command = CommandRequest(
             transport=self.name,

@@ -25,6 +25,13 @@ class HttpSettings(BaseModel):
     inbox_visibility_seconds: float = Field(default=30.0, gt=0, le=86400, allow_inf_nan=False)
     long_poll_max_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     long_poll_max_waiters: int = Field(default=256, ge=1, le=100_000)
+    # Slow and incomplete requests: a connection that has not sent a complete request
+    # head (or sits idle between requests) this long is closed; a request body must
+    # arrive whole within body_timeout_seconds (else 408 and the connection closes).
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    # Connections held at once; at the cap the longest-idle one makes room for a new one.
+    max_connections: int = Field(default=1000, ge=8, le=1_000_000)
     # Bearer token for GET /metrics (docs/observability.md); operator tokens work too.
     # Unset: open on a loopback-only server, operator tokens only otherwise.
     metrics_token: Token | None = None

@@ -9,6 +9,7 @@ Never a 500: an unexpected exception is logged and answered 503 with ``Retry-Aft
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -34,6 +35,7 @@ ERROR_CODES: Mapping[int, str] = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
     503: "unavailable",
@@ -49,12 +51,19 @@ class ApiError(Exception):
     """An expected client error, answered with its status and the JSON error shape."""
 
     def __init__(
-        self, status: int, message: str, *, headers: Mapping[str, str] | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
+        # Close the connection after answering (its request stream is unusable).
+        self.close = close
 
 
 def error_response(
@@ -80,7 +89,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.message, headers=exc.headers)
+        response = error_response(exc.status, exc.message, headers=exc.headers)
+        if exc.close:
+            response.force_close()
+        return response
     except QueryError as exc:
         return error_response(400, str(exc))
     except Unavailable as exc:
@@ -102,22 +114,35 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return unavailable("unexpected server error; see the gateway log; retry")
 
 
-async def read_body(request: web.Request, max_bytes: int) -> Any:
-    """The request body as JSON, or ``{"text": <body>}`` for a ``text/plain`` body.
+async def read_bytes(request: web.Request, max_bytes: int, within: float) -> bytes:
+    """The raw request body, at most ``max_bytes``, arrived whole within ``within`` s.
 
-    Oversize bodies are refused from ``Content-Length`` before reading (and aiohttp's
-    ``client_max_size`` refuses chunked ones while reading).
+    Oversize bodies are refused (413) from ``Content-Length`` before reading (and aiohttp's
+    ``client_max_size`` refuses chunked ones while reading). A body that does not arrive
+    whole in time (a trickling client) is 408 and the connection is closed.
     """
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(
             413, f"body of {request.content_length} bytes exceeds the limit of {max_bytes}"
         )
+    try:
+        async with asyncio.timeout(within):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(
+            408, f"the request body did not arrive within {within:g}s", close=True
+        ) from None
+
+
+async def read_body(request: web.Request, max_bytes: int, within: float) -> Any:
+    """The request body (see ``read_bytes``) as JSON, or ``{"text": <body>}`` for a
+    ``text/plain`` body."""
     if request.content_type not in (JSON_TYPE, TEXT_TYPE):
         raise ApiError(
             415,
             f"unsupported content type {request.content_type!r}; send {JSON_TYPE} or {TEXT_TYPE}",
         )
-    raw = await request.read()
+    raw = await read_bytes(request, max_bytes, within)
     try:
         text = raw.decode(request.charset or "utf-8")
     except (UnicodeDecodeError, LookupError) as exc:
