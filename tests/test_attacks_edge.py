@@ -484,3 +484,30 @@ async def test_slow_and_silent_connections_cannot_starve_the_server(capped: Gate
                 break
             await asyncio.sleep(0.05)
     stop.set()
+
+
+# -- the sender learns the real reason (item 14) ---------------------------------------
+
+
+async def test_a_full_inbox_is_reported_to_the_sender_as_such(
+        redis_url: str, namespace: str, tmp_path: Path, redis_client: Any) -> None:
+    config = edge_config(redis_url, namespace, tmp_path)
+    web = {**config.transports["web"], "inbox_max": 2}
+    config = config.model_copy(update={"transports": {**config.transports, "web": web}})
+    async with running(config) as gw, aiohttp.ClientSession() as http:
+        details = []
+        async with asyncio.timeout(15):
+            while True:  # erin never reads: her inbox fills, then senders are told
+                req = build_request(sender="dave", to="erin", task=f"t{len(details)}")
+                status, body = await post(http, gw, "dave", render(req))
+                assert status == 200 and body["outcome"] == "accepted", body
+                assert "no known address" not in json.dumps(body), body
+                details.append(body)
+                if body["warnings"]:
+                    break
+                await gw.drain()
+                await asyncio.sleep(0.2)  # the blocked view is refreshed every second
+        [warning] = body["warnings"]
+        assert warning["code"] == "inbox_full" and warning["agent"] == "erin", warning
+        assert "inbox of erin is full" in warning["detail"] and "queued" in warning["detail"]
+        assert len(details) > 2  # the first ones were simply delivered
