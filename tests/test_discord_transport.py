@@ -332,6 +332,18 @@ async def test_messages_posted_while_down_are_caught_up_once_in_order(
     assert len(ticks) == len(set(ticks)) == 4  # each message once
 
 
+async def test_a_channel_first_used_while_down_is_caught_up(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway():
+        pass  # nothing posted anywhere yet: every channel is tracked from now on
+    missed = await emulator.post("peer", request_text("peer-o1"), channel="ops")
+    async with start_gateway() as gw:
+        got = await memory(gw, "side").wait_sent(lambda o: "peer-o1" in o.text)
+        assert got.address.channel == "mantis-room"
+        assert await emulator.wait_for(lambda: reaction(emulator, missed, "✅"))
+
+
 async def test_dropped_websocket_resumes_and_nothing_is_lost_or_doubled(
     emulator: DiscordEmulator, start_gateway: Callable[..., Any]
 ) -> None:

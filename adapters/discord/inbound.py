@@ -72,6 +72,7 @@ class Inbound:
         self._lanes: dict[int, Lane] = {}
         self._where: dict[int, Where] = {}
         self._closing = False
+        self._catching_up: asyncio.Task[None] | None = None
         self.caught_up = 0  # messages read from history
 
     # -- which messages ----------------------------------------------------------------
@@ -122,18 +123,51 @@ class Inbound:
         self._ensure_worker(lane)
 
     async def catch_up_all(self) -> None:
-        """After a new session: every channel with a cursor reads its history since then."""
+        """After a new session: every channel with a cursor reads its history since then,
+        and every readable channel without one starts being tracked from now (so what is
+        posted there while the gateway is down is caught up too). While the state store
+        cannot be read, this is retried in the background."""
+        if not await self._catch_up_once() and (
+            self._catching_up is None or self._catching_up.done()
+        ):
+            self._catching_up = asyncio.create_task(self._catch_up_retry())
+
+    async def _catch_up_retry(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(RETRY_SECONDS)
+            if await self._catch_up_once():
+                return
+
+    async def _catch_up_once(self) -> bool:
         try:
-            cursors = await self._cursors.all()
-        except Exception as exc:  # the state store is down: the lanes retry on their own
+            known = await self._cursors.all()
+            await self._track_new_channels(known)
+        except Exception as exc:  # the state store is down
             log.warning("cannot read catch-up cursors: %s", exc,
                         extra={"transport": self._transport})
-            return
-        for channel in cursors:
+            return False
+        for channel in known:
             if channel.isdigit():
                 lane = self._lane(int(channel))
                 self._fall_behind(lane)
                 self._ensure_worker(lane)
+        return True
+
+    async def _track_new_channels(self, known: dict[str, str]) -> None:
+        """A cursor at "now" for every allowed text channel and thread that has none."""
+        now = str(discord.utils.time_snowflake(discord.utils.utcnow()))
+        for guild in self._client.guilds:
+            for channel in [*guild.text_channels, *guild.threads]:
+                key = str(channel.id)
+                if key in known or not self.wanted(guild.id, channel.id,
+                                                   getattr(channel, "parent_id", None)):
+                    continue
+                try:
+                    await self._cursors.advance(key, now)
+                except OverflowError:
+                    log.warning("catch-up cursors are full: channel %s is read live only", key,
+                                extra={"transport": self._transport})
+                    return
 
     def _lane(self, channel_id: int) -> Lane:
         lane = self._lanes.get(channel_id)
@@ -280,6 +314,10 @@ class Inbound:
         """Stop taking messages; let each lane finish the one in hand (up to ``grace``
         seconds), then cancel. What was not committed is caught up next time."""
         self._closing = True
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catching_up
         tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace)
