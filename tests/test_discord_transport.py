@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from protocol import build_request, parse, render, reply_response
 from discord_emulator import MESSAGE_CONTENT_INTENT, TOKEN, DiscordEmulator
 from gwkit import make_config, memory
 from harness_discord import discord_options, wait_up
+from servers import PrivateValkey
 
 EPHEMERAL = 1 << 6
 
@@ -44,13 +45,16 @@ def start_gateway(
     emulator: DiscordEmulator, redis_url: str, redis_client: aioredis.Redis, namespace: str,
     tmp_path: Path,
 ) -> Callable[..., Any]:
-    """``async with start_gateway() as gw``: a gateway with transport ``dc`` running."""
+    """``async with start_gateway() as gw``: a gateway with transport ``dc`` running
+    (on ``redis_url``, or on the URL given as ``state_url``)."""
 
     @asynccontextmanager
-    async def start(*, wait: bool = True, **options: Any) -> AsyncIterator[Gateway]:
+    async def start(
+        *, wait: bool = True, state_url: str | None = None, **options: Any
+    ) -> AsyncIterator[Gateway]:
         general = emulator.channels["general"]
         config = make_config(
-            redis_url, namespace, tmp_path,
+            state_url or redis_url, namespace, tmp_path,
             transports={"dc": {"kind": "discord", **discord_options(emulator, **options)}},
             agents={"Peer": {"addresses": [f"dc:{general}"],
                              "identities": [f"dc:{emulator.uid('peer')}"]}},
@@ -342,6 +346,36 @@ async def test_a_channel_first_used_while_down_is_caught_up(
         got = await memory(gw, "side").wait_sent(lambda o: "peer-o1" in o.text)
         assert got.address.channel == "mantis-room"
         assert await emulator.wait_for(lambda: reaction(emulator, missed, "✅"))
+
+
+@pytest.fixture
+def durable_valkey() -> Iterator[PrivateValkey]:
+    """A private Valkey keeping its data across a stop (append-only file)."""
+    server = PrivateValkey(appendonly=True).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def test_a_message_not_committed_while_redis_is_down_is_processed_after(
+    emulator: DiscordEmulator, start_gateway: Callable[..., Any], durable_valkey: PrivateValkey
+) -> None:
+    valkey = durable_valkey
+    async with start_gateway(state_url=valkey.url) as gw:
+        side = memory(gw, "side")
+        await emulator.post("peer", request_text("peer-f1"))
+        await side.wait_sent(lambda o: "peer-f1" in o.text)
+        await asyncio.to_thread(valkey.stop)
+        missed = await emulator.post("peer", request_text("peer-f2"))
+        await asyncio.sleep(0.5)  # handed to the gateway, which cannot commit it
+        assert not reaction(emulator, missed, "✅")
+        await asyncio.to_thread(valkey.start)
+        await side.wait_sent(lambda o: "peer-f2" in o.text, timeout=15)
+        assert await emulator.wait_for(lambda: reaction(emulator, missed, "✅"))
+        assert [o.text.count("peer-f") for o in side.sent] == [1, 1]
+        conv = await gw.store.get("peer-f2", with_history=True)
+        assert conv is not None and [e.type for e in conv.history] == ["REQUEST"]
 
 
 async def test_dropped_websocket_resumes_and_nothing_is_lost_or_doubled(
