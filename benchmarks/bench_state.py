@@ -47,7 +47,7 @@ for i = first, last do
   local req, to = 'Agent' .. (i % 50), 'Agent' .. ((i + 1) % 50)
   local rk, tk = string.lower(req), string.lower(to)
   local h = {'', 'REQUEST', req, to, 'open', 1, 5, 'normal', ARGV[7], now, now, deadline,
-             'discord', 'ops-room', '', '', rk, tk, {rk, tk}}
+             'discord', 'ops-room', '', '', rk, tk, {rk, tk}, 1}
   local ev = {'REQUEST', req, to, 1, 5, 'open', 'discord', '', now, ARGV[7],
               string.format('%016x', i)}
   enter(id, h)

@@ -130,7 +130,12 @@ def decode_conversation(request_id: str, blob: str | bytes, *, with_history: boo
         # no raw newline inside (JSON escapes it), so joining them with commas is exact.
         rows = json.loads("[" + text.rstrip("\n").replace("\n", ",") + "]")
         h = rows[0]
-        history = tuple(_event(e) for e in rows[1:])
+        # Stored compactly (common.lua): an event's transport '' is the conversation's,
+        # the first event's native id '' is the conversation's, and with header field 20
+        # its time is in seconds since created (rounded back to the stored milliseconds).
+        since = float(h[9]) if len(h) > 19 and h[19] == 1 else None
+        history = tuple(_event(e, h[12], h[15] if i == 1 else None, since)
+                        for i, e in enumerate(rows) if i)
     else:
         h = json.loads(text[:text.index("\n")])
         history = ()
@@ -154,10 +159,12 @@ def decode_conversation(request_id: str, blob: str | bytes, *, with_history: boo
     )
 
 
-def _event(e: list[Any]) -> Event:
+def _event(e: list[Any], transport: str = "", native_id: str | None = None,
+           since: float | None = None) -> Event:
+    at = float(e[8]) if since is None else round(since + float(e[8]), 3)
     return Event(type=e[0], sender=e[1], to=e[2], depth_current=int(e[3]),
-                 depth_max=int(e[4]), status=e[5], transport=e[6], native_id=e[7] or None,
-                 at=float(e[8]), excerpt=e[9])
+                 depth_max=int(e[4]), status=e[5], transport=e[6] or transport,
+                 native_id=e[7] or native_id or None, at=at, excerpt=e[9])
 
 
 def decode_event(line: str) -> Event:
@@ -171,7 +178,7 @@ class Keys:
     def __init__(self, namespace: str) -> None:
         self.prefix = "{" + namespace + "}:"
         self.due = self.prefix + "due"
-        self.agents = self.prefix + "ag"
+        self.load = self.prefix + "ld"
         self.orphans = self.prefix + "orph"
 
     def conv(self, request_id: str) -> str:
@@ -185,10 +192,6 @@ class Keys:
     def status(self, status: str) -> str:
         """The index of conversations in one status."""
         return f"{self.prefix}s:{status}"
-
-    def agent(self, agent: str) -> str:
-        """The index of active conversations one agent owes a reply on (by name key)."""
-        return f"{self.prefix}a:{name_key(agent)}"
 
     def budget(self, name: str) -> str:
         """One loop-guard budget (same slot as the records: the apply script charges it)."""
@@ -217,6 +220,7 @@ class ConversationStore:
         self._claim = redis.register_script(load_script("claim"))
         self._purge = redis.register_script(load_script("purge"))
         self._load = redis.register_script(load_script("load"))
+        self._canonical = redis.register_script(load_script("canonical"))
         t = settings.timeout_for
         # The JSON tail of apply.lua's argument array that never changes for this store.
         self._tail = json.dumps([t("REQUEST"), t("HANDOFF"), t("CLARIFY"), t("BROADCAST"),
@@ -445,31 +449,19 @@ class ConversationStore:
             return sum(int(n) for n in await pipe.execute())
 
     async def canonical_agent_indices(self) -> int:
-        """Move agent indices kept under a name's spelling (``a:Mantis``, written before
-        the indices used name keys) to the name's key (``a:mantis``); how many moved.
+        """Take over the load of an earlier layout, and move load counters kept under a
+        name's spelling (``Mantis``, from records written before the names' keys were
+        kept) to the name's key (``mantis``); how many names moved.
 
-        Idempotent and O(agents in ``ag``); the gateway runs it once at start. Names of
-        the older ``load`` layout (see ``load.lua``) are moved too.
+        Idempotent and O(agents owing replies); the gateway runs it once at start. The
+        earlier layouts (an index per agent, see ``take_over_indices`` in common.lua) are
+        turned into counters first.
         """
-        moved = 0
-        names = {_text(n) for n in await self.redis.smembers(self.keys.agents)}
-        old_load = [_text(n) for n in await self.redis.zrange(self.keys.prefix + "load", 0, -1)]
-        if old_load:
-            await self.redis.sadd(self.keys.agents, *old_load)
-            await self.redis.delete(self.keys.prefix + "load", self.keys.prefix + "n")
-        for name in sorted(names.union(old_load)):
-            key = name_key(name)
-            if key == name:
-                continue
-            old, new = f"{self.keys.prefix}a:{name}", self.keys.agent(key)
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.zunionstore(new, [new, old], aggregate="MIN")
-                pipe.delete(old)
-                pipe.srem(self.keys.agents, name)
-                pipe.sadd(self.keys.agents, key)
-                await pipe.execute()
-            moved += 1
-        return moved
+        names = [_text(n) for n in await self._canonical(args=[self.keys.prefix])]
+        moves = [(n, key) for n in names if (key := name_key(n)) != n]
+        if moves:
+            await self._canonical(args=[self.keys.prefix, *(x for m in moves for x in m)])
+        return len(moves)
 
     async def orphans(self, limit: int = 50) -> _Orphans:
         """The most recent orphan RESPONSEs (for unknown RequestIds), newest first."""

@@ -26,7 +26,7 @@ async def test_a_field_over_its_bound_is_refused_and_nothing_is_stored(
     assert f"{field.replace('_', ' ')} is {len(over.__dict__[field].encode())} bytes" in (
         result.reason)
     assert await store.get("r-over") is None
-    assert await store.redis.exists(store.keys.agent("Mantis")) == 0
+    assert await store.load_by_agent() == {}
     [bulk] = await store.apply_many([request("r-bulk")], over, now=T0)
     assert bulk.outcome is Outcome.TOO_LONG and await store.get("r-bulk") is None
     assert (await store.apply(request("r-fits"), fits, now=T0)).outcome is Outcome.APPLIED

@@ -1,4 +1,4 @@
-"""Indices instead of counters: batched claims, the agent set, old layouts, commands per step;
+"""Indices and load counters: batched claims, old layouts, commands per step;
 listing by status filters and by any party (issue 8 item 7)."""
 
 from __future__ import annotations
@@ -57,20 +57,20 @@ async def test_one_claim_batch_of_every_kind(store: ConversationStore) -> None:
     assert await store.claim_due(now=T0 + 4000) == []
 
 
-async def test_purge_prunes_agents_and_a_later_step_adds_them_again(
+async def test_purge_drops_idle_load_counters_and_a_later_step_adds_them_again(
         store: ConversationStore) -> None:
     redis, keys = store.redis, store.keys
     await store.apply(request("r1"), ORIGIN, now=T0)  # Mantis owes
     await store.apply(request("r2", to="Heron"), ORIGIN, now=T0)
     await store.apply(response("r2", sender="Heron"), ORIGIN, now=T0)
-    assert await redis.smembers(keys.agents) == {"mantis", "heron"}
+    assert await redis.hgetall(keys.load) == {"mantis": "1", "heron": "0"}
     assert await store.purge_expired(now=T0) == 0
-    assert await redis.smembers(keys.agents) == {"mantis"}  # Heron owes nothing any more
-    # Lotbot was never in the set: the CLARIFY that makes it owe a reply adds it.
+    assert await redis.hgetall(keys.load) == {"mantis": "1"}  # Heron owes nothing any more
+    # Lotbot had no counter: the CLARIFY that makes it owe a reply adds it.
     await store.apply(clarify("r1"), ORIGIN, now=T0 + 1)
     assert await store.load_by_agent() == {"lotbot": 1}
     assert await store.purge_expired(now=T0) == 0
-    assert await redis.smembers(keys.agents) == {"lotbot"}
+    assert await redis.hgetall(keys.load) == {"lotbot": "1"}
     await store.apply(response("r1", sender="Lotbot", to="Mantis", depth=3, status=None),
                       ORIGIN, now=T0 + 2)
     assert await store.load_by_agent() == {"mantis": 1}
@@ -84,31 +84,42 @@ async def test_load_busiest_first_then_by_name(store: ConversationStore) -> None
     assert await store.load_by_agent(limit=2) == {"cat": 3, "bee": 2}
 
 
+async def _old_index_layout(store: ConversationStore, owed: dict[str, list[str]],
+                            *, agent_set: bool = True) -> None:
+    """What earlier versions kept instead of the load counters: a zset of owed
+    conversations per agent (``a:<name>``), its names in the set ``ag`` (or, before that,
+    in a ``load`` zset, with an ``n`` hash of counts)."""
+    redis, p = store.redis, store.keys.prefix
+    await redis.delete(store.keys.load)
+    for name, ids in owed.items():
+        await redis.zadd(f"{p}a:{name}", {i: T0 for i in ids})
+    if agent_set:
+        await redis.sadd(f"{p}ag", *owed)
+    else:
+        await redis.zadd(f"{p}load", {name: len(ids) for name, ids in owed.items()})
+        await redis.hset(f"{p}n", mapping={"open": 1})
+
+
 async def test_namespace_of_the_old_layout_keeps_its_load(store: ConversationStore) -> None:
-    redis, keys = store.redis, store.keys
+    redis, p = store.redis, store.keys.prefix
     await store.apply(request("r1"), ORIGIN, now=T0)
-    # What the earlier version left: no agent set, a `load` zset and an `n` hash, and
-    # the index under the name as written.
-    await redis.rename(keys.agent("Mantis"), keys.prefix + "a:Mantis")
-    await redis.delete(keys.agents)
-    await redis.zadd(keys.prefix + "load", {"Mantis": 1})
-    await redis.hset(keys.prefix + "n", mapping={"open": 1})
+    await _old_index_layout(store, {"Mantis": ["r1"]}, agent_set=False)
     assert await store.load_by_agent() == {"Mantis": 1}  # read as it is
-    assert await redis.exists(keys.prefix + "load", keys.prefix + "n") == 0
-    assert await redis.smembers(keys.agents) == {"Mantis"}
+    assert await redis.exists(f"{p}load", f"{p}n", f"{p}ag", f"{p}a:Mantis") == 0
     assert await store.canonical_agent_indices() == 1  # then moved at the next start
     assert await store.load_by_agent() == {"mantis": 1}
-    assert await redis.smembers(keys.agents) == {"mantis"}
+    assert await redis.hgetall(store.keys.load) == {"mantis": "1"}
 
 
 async def test_old_layout_names_move_at_start_before_any_load_query(
         store: ConversationStore) -> None:
-    redis, keys = store.redis, store.keys
     await store.apply(request("r1"), ORIGIN, now=T0)
-    await redis.rename(keys.agent("Mantis"), keys.prefix + "a:Mantis")
-    await redis.delete(keys.agents)
-    await redis.zadd(keys.prefix + "load", {"Mantis": 1})
+    await store.apply(request("r2", to="Heron"), ORIGIN, now=T0)
+    await _old_index_layout(store, {"Mantis": ["r1"], "heron": ["r2"]})
+    # A step taken before the take-over counts against the counter, not the old index.
+    await store.apply(response("r2", sender="Heron"), ORIGIN, now=T0 + 1)
     assert await store.canonical_agent_indices() == 1
+    assert await store.redis.exists(f"{store.keys.prefix}ag") == 0
     assert await store.load_by_agent() == {"mantis": 1}
     await store.apply(response("r1"), ORIGIN, now=T0 + 1)
     assert await store.load_by_agent() == {}
@@ -141,13 +152,15 @@ async def _commands(st: ConversationStore, msg: Message) -> int:
 async def test_commands_per_step(private_store: ConversationStore) -> None:
     st = private_store
     await st.apply(request("warm"), ORIGIN, now=T0)  # the script is loaded once
-    # EVALSHA + SET NX GET + 3 ZADD + SADD + a ZADD per party (requester, addressee)
-    assert await _commands(st, request("r1")) == 8
+    # EVALSHA + SET NX GET + 2 ZADD (status, due) + HINCRBY + a ZADD per party (requester,
+    # addressee)
+    assert await _commands(st, request("r1")) == 7
     assert await _commands(st, request("r1")) == 2  # a duplicate: EVALSHA + SET NX GET
-    assert await _commands(st, clarify("r1")) == 9
+    # GET, ZREM + ZADD status, 2 HINCRBY (the load moves), ZADD due, SET
+    assert await _commands(st, clarify("r1")) == 8
     assert await _commands(st, response("r1", sender="Lotbot", to="Mantis", depth=3,
-                                        status=None)) == 9
-    assert await _commands(st, handoff("r1", depth=4)) == 10  # + a ZADD: Heron is a party now
+                                        status=None)) == 8
+    assert await _commands(st, handoff("r1", depth=4)) == 9  # + a ZADD: Heron is a party now
     assert await _commands(st, response("r1", sender="Heron", depth=5)) == 7
 
 
@@ -235,6 +248,40 @@ async def test_a_record_from_before_the_party_index_joins_it_when_it_moves(
         assert await _ids(store, agent=who) == ["old"], who
 
 
+async def test_records_are_stored_compactly_and_older_ones_still_read(
+        store: ConversationStore) -> None:
+    redis, keys = store.redis, store.keys
+    await store.apply(request("new", to="Ｍａｎｔｉｓ"), ORIGIN, now=T0)
+    await store.apply(clarify("new", sender="mantis"), ORIGIN, now=T0 + 1.5)
+    header, *events = (await redis.get(keys.conv("new"))).splitlines()
+    # Keys only when not the name's ASCII lower case, parties besides those two, times
+    # since created, the conversation's transport and first native id left out.
+    assert json.loads(header)[16:] == ["", "mantis", {}, 1]  # Lua's empty table: {}
+    assert [json.loads(e)[6:9] for e in events] == [["", "", 0], ["", "n-1", 1.5]]
+    conv = await store.get("new")
+    assert conv is not None
+    assert [(e.transport, e.native_id, e.at) for e in conv.history] == [
+        ("discord", "n-1", T0), ("discord", "n-1", T0 + 1.5)]
+    # A record as the previous version wrote it: full keys and parties, epoch times.
+    old = [["", "REQUEST", "Lotbot", "Mantis", "open", 1, 5, "normal", "count", T0, T0,
+            T0 + 1800, "discord", "c-1", "t-1", "n-1", "lotbot", "mantis",
+            ["lotbot", "mantis"]],
+           ["REQUEST", "Lotbot", "Mantis", 1, 5, "open", "discord", "n-1", T0, "count",
+            "0123456789abcdef"]]
+    await redis.set(keys.conv("old"), "".join(json.dumps(x) + "\n" for x in old))
+    await redis.zadd(keys.status("open"), {"old": T0})
+    await redis.zadd(keys.due, {"old": T0 + 1800})
+    await redis.hincrby(keys.load, "mantis", 1)
+    await store.apply(handoff("old"), ORIGIN, now=T0 + 2)
+    conv = await store.get("old")
+    assert conv is not None and conv.assignee == "Heron"
+    assert [(e.transport, e.native_id, e.at) for e in conv.history] == [
+        ("discord", "n-1", T0), ("discord", "n-1", T0 + 2)]
+    assert json.loads((await redis.get(keys.conv("old"))).splitlines()[0])[16:] == [
+        "", "", ["mantis"]]  # Mantis, no longer the assignee, stays a party
+    assert await store.load_by_agent() == {"lotbot": 1, "heron": 1}
+
+
 async def test_bad_filters_and_pages_are_refused(store: ConversationStore) -> None:
     with pytest.raises(ValueError, match="unknown status 'opne'; use one of: all, active"):
         await store.list(status="opne")
@@ -263,23 +310,17 @@ async def test_agent_indices_use_the_canonical_name_key(store: ConversationStore
     claimed = await store.claim_due(now=T0 + 10_000)
     assert {c.request_id for c in claimed} == {"r2", "r3"}
     assert await store.load_by_agent() == {}
-    assert not await store.redis.exists(store.keys.agent("mantis"), store.keys.agent("heron"),
-                                        store.keys.agent("lotbot"))
 
 
-async def test_indices_kept_under_a_spelling_move_to_the_name_key(
+async def test_load_kept_under_a_spelling_moves_to_the_name_key(
         store: ConversationStore) -> None:
     await store.apply(request("old", to="Mantis"), ORIGIN, now=T0)
     await store.apply(request("new", to="mantis"), ORIGIN, now=T0 + 1)
-    # As an earlier version wrote it: the index under the name as first written.
-    raw = f"{store.keys.prefix}a:Mantis"
-    await store.redis.zrem(store.keys.agent("mantis"), "old")
-    await store.redis.zadd(raw, {"old": T0})
-    await store.redis.sadd(store.keys.agents, "Mantis")
+    # As an earlier version counted it: under the name as first written.
+    await store.redis.hset(store.keys.load, mapping={"mantis": 1, "Mantis": 1})
     assert await store.canonical_agent_indices() == 1
     assert await store.canonical_agent_indices() == 0  # idempotent
-    assert not await store.redis.exists(raw)
-    assert await store.redis.smembers(store.keys.agents) == {"mantis"}
+    assert await store.redis.hgetall(store.keys.load) == {"mantis": "2"}
     assert await store.load_by_agent() == {"mantis": 2}
     await store.apply(response("old", sender="Mantis"), ORIGIN, now=T0 + 2)
     assert await store.load_by_agent() == {"mantis": 1}

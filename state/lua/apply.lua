@@ -13,7 +13,7 @@
 --   KEYS[3..] its budget keys (see budgets below).
 -- Returns {outcome, reason, previous status, record blob or false}; outcome 'loop' adds
 -- {1 when this message tripped a budget else 0, milliseconds until it lets messages pass}.
--- Commands: a new REQUEST is SET NX GET + 3 ZADD + SADD + one ZADD per party (2); any
+-- Commands: a new REQUEST is SET NX GET + 2 ZADD + HINCRBY + one ZADD per party (2); any
 -- later step is GET + SET plus only the indices that change (see reindex in common.lua)
 -- and a ZADD for a new party; the loop guard adds an MGET of its keys and a SET per key.
 local key = KEYS[1]
@@ -38,7 +38,8 @@ local function duplicate(blob)
   if fp == '' then return nil end
   local needle = ',"' .. fp .. '"]'
   if blob then
-    if string.find(blob, needle, 1, true) then
+    -- In the events only (a header's party key could look like a fingerprint).
+    if string.find(blob, needle, string.find(blob, '\n', 1, true), true) then
       return {'duplicate', 'this ' .. typ .. ' was already applied to conversation ' .. id ..
               '; nothing changed.', split(blob)[5], blob}
     end
@@ -124,7 +125,7 @@ local function step()
     local bc = typ == 'BROADCAST'
     local st = bc and 'done' or 'open'
     local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
-               now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24], {fk}}
+               now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24], {fk}, 1}
     if a[24] ~= fk and a[24] ~= 'all' then h[19][2] = a[24] end
     ev[6] = st
     local new = encode(h, '', ev)
@@ -166,9 +167,6 @@ local function step()
   if dup then return dup end
   local h, body = split(blob)
   local st = h[5]
-  -- Records written before the keys were kept: their names' ASCII lower case.
-  h[17] = h[17] or string.lower(h[3])
-  h[18] = h[18] or string.lower(h[4])
   local rk = h[17]
   if typ == 'REQUEST' or typ == 'BROADCAST' then
     return {'conflict', 'RequestId ' .. id .. ' is already used by a conversation ' .. h[3] ..

@@ -4,8 +4,8 @@
 -- ARGV: 1 prefix, 2 now, 3 limit, 4 timeout excerpt prefix.
 -- Returns a flat list id1, blob1, id2, blob2, ... of the claimed conversations.
 -- One batch costs a fixed handful of commands, not a few per conversation: MGET the
--- records, drop the claimed ranks from `due` at once, one ZREM per status and per
--- agent owing replies, one ZADD into s:timeout, one MSET (sliced by 1000 items).
+-- records, drop the claimed ranks from `due` at once, one ZREM per status, one HINCRBY
+-- per agent owing replies, one ZADD into s:timeout, one MSET (sliced by 1000 items).
 local now, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local due = P .. 'due'
 local ids = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, limit)
@@ -47,7 +47,7 @@ for st, list in pairs(by_status) do
   sliced(list, function(...) redis.call('ZREM', P .. 's:' .. st, ...) end)
 end
 for who, list in pairs(by_agent) do
-  sliced(list, function(...) redis.call('ZREM', P .. 'a:' .. who, ...) end)
+  redis.call('HINCRBY', P .. 'ld', who, -#list)
 end
 sliced(timed, function(...) redis.call('ZADD', P .. 's:timeout', ...) end)
 sliced(writes, function(...) redis.call('MSET', ...) end)

@@ -5,21 +5,25 @@
 --   P.."o:"..id   string: orphan RESPONSE events (same event format), with a TTL
 --   P.."due"      zset id -> deadline of every active conversation and live broadcast
 --   P.."s:"..st   zset id -> created (active statuses) or terminal time (terminal ones)
---   P.."a:"..k    zset id -> created of active conversations the agent with canonical
---                 name key k (protocol.names.name_key) owes a reply on
---   P.."ag"       set of name keys that may have an a:<k> index (pruned by purge)
+--   P.."ld"       hash name key (protocol.names.name_key) -> active conversations that
+--                 agent owes a reply on (fields at 0 are dropped by purge)
 --   P.."p:"..key  zset id -> created of every conversation (any status) the agent with
 --                 canonical name key `key` is a party to: requester, addressee, every
 --                 assignee; removed with the conversation by purge
 --   P.."orph"     zset id -> time an orphan was stored
--- No counters: counts are ZCARDs of these indices (broadcasts = due - active), load is
--- ZCARD of a:<k>, so a transition writes only the indices that really change.
+-- Counts are ZCARDs of these indices (broadcasts = due - active); the load counters are
+-- written by the same atomic steps that move a conversation, so a transition writes only
+-- the indices and counters that really change.
 -- Header: 1 trace, 2 kind, 3 requester, 4 assignee, 5 status, 6 depth, 7 max depth,
 --   8 priority, 9 task, 10 created, 11 updated, 12 deadline (0 = none), 13 transport,
 --   14 channel, 15 thread, 16 native id, 17 requester key, 18 assignee key,
---   19 party keys (a list, at most one per depth step; records written before it have none)
--- Event: 1 type, 2 from, 3 to, 4 depth, 5 max depth, 6 status, 7 transport,
---   8 native id, 9 time, 10 excerpt, 11 fingerprint (16 hex, "" for CANCEL/TIMEOUT)
+--   19 party keys (a list; records written before it have none), 20 1 when the events'
+--   times are seconds since created (records written before it: epoch seconds)
+-- Stored compactly (split/encode convert): 17 and 18 are '' when the key is the name's
+-- ASCII lower case, 19 leaves out the requester's and the assignee's keys.
+-- Event: 1 type, 2 from, 3 to, 4 depth, 5 max depth, 6 status, 7 transport ('' = the
+--   header's), 8 native id ('' in the first event = the header's), 9 time (see header
+--   20), 10 excerpt, 11 fingerprint (16 hex, "" for CANCEL/TIMEOUT)
 local P = ARGV[1]
 local ACTIVE = {open = true, clarifying = true, handed_off = true}
 
@@ -29,28 +33,67 @@ local function owes(h)
 end
 
 -- The canonical name key of who owes the reply (header 17 requester key, 18 assignee
--- key; records written before the keys were kept: the name's ASCII lower case).
+-- key, as split() gives them).
 local function owes_key(h)
-  if h[5] == 'clarifying' then return h[17] or string.lower(h[3]) end
-  return h[18] or string.lower(h[4])
+  if h[5] == 'clarifying' then return h[17] end
+  return h[18]
 end
 
+-- The name key stored for `name`: '' when it is the name's ASCII lower case.
+local function short_key(name, key)
+  if key == string.lower(name) and not string.find(name, '[\128-\255]') then return '' end
+  return key
+end
+
+-- Add `key` to the list `keys` unless it is there already or nobody ('' or 'all').
+local function add_key(keys, key)
+  if key == '' or key == 'all' then return false end
+  for _, k in ipairs(keys) do
+    if k == key then return false end
+  end
+  keys[#keys + 1] = key
+  return true
+end
+
+-- Header (with full keys and party list, see the layout above) and events of a record.
 local function split(blob)
   local nl = string.find(blob, '\n', 1, true)
-  return cjson.decode(string.sub(blob, 1, nl - 1)), string.sub(blob, nl + 1)
+  local h = cjson.decode(string.sub(blob, 1, nl - 1))
+  -- Records written before the keys were kept: their names' ASCII lower case.
+  if not h[17] or h[17] == '' then h[17] = string.lower(h[3]) end
+  if not h[18] or h[18] == '' then h[18] = string.lower(h[4]) end
+  if h[19] then
+    add_key(h[19], h[17])
+    add_key(h[19], h[18])
+  end
+  return h, string.sub(blob, nl + 1)
 end
 
+-- The record of header h, events body and the new event ev, stored compactly.
 local function encode(h, body, ev)
-  return cjson.encode(h) .. '\n' .. body .. cjson.encode(ev) .. '\n'
+  local c = {}
+  for i = 1, 16 do c[i] = h[i] end
+  c[17], c[18] = short_key(h[3], h[17]), short_key(h[4], h[18])
+  if h[19] then
+    local rest = {}
+    for _, k in ipairs(h[19]) do
+      if k ~= h[17] and k ~= h[18] then rest[#rest + 1] = k end
+    end
+    c[19] = rest
+    c[20] = h[20]
+  end
+  if ev[7] == h[13] then ev[7] = '' end
+  if body == '' and ev[8] == h[16] then ev[8] = '' end
+  -- Milliseconds, as the caller rounds `now`: "12.345" instead of "1700000012.345".
+  if h[20] == 1 then ev[9] = math.floor((ev[9] - h[10]) * 1000 + 0.5) / 1000 end
+  return cjson.encode(c) .. '\n' .. body .. cjson.encode(ev) .. '\n'
 end
 
 -- Index a new conversation (header h of a REQUEST or BROADCAST).
 local function enter(id, h)
   if h[2] ~= 'BROADCAST' then
-    local who = h[18]
     redis.call('ZADD', P .. 's:' .. h[5], h[10], id)
-    redis.call('ZADD', P .. 'a:' .. who, h[10], id)
-    redis.call('SADD', P .. 'ag', who)
+    redis.call('HINCRBY', P .. 'ld', h[18], 1)
     for _, key in ipairs(h[19]) do redis.call('ZADD', P .. 'p:' .. key, h[10], id) end
   end
   redis.call('ZADD', P .. 'due', h[12], id)
@@ -59,17 +102,11 @@ end
 -- Make the agent with canonical key `key` a party of conversation `id` (header h):
 -- listed in h[19] and indexed under p:<key>, once. '' and 'all' are nobody.
 local function party(id, h, key)
-  if key == '' or key == 'all' then return end
-  local keys = h[19]
-  for _, k in ipairs(keys) do
-    if k == key then return end
-  end
-  keys[#keys + 1] = key
-  redis.call('ZADD', P .. 'p:' .. key, h[10], id)
+  if add_key(h[19], key) then redis.call('ZADD', P .. 'p:' .. key, h[10], id) end
 end
 
 -- Re-index conversation `id` that was in status st0 owed by w0 and now has header h:
--- only the indices that change are written.
+-- only the indices and load counters that change are written.
 local function reindex(id, h, st0, w0, now)
   local st = h[5]
   local active = ACTIVE[st]
@@ -80,13 +117,12 @@ local function reindex(id, h, st0, w0, now)
   if active then
     local who = owes_key(h)
     if who ~= w0 then
-      redis.call('ZREM', P .. 'a:' .. w0, id)
-      redis.call('ZADD', P .. 'a:' .. who, h[10], id)
-      redis.call('SADD', P .. 'ag', who)
+      redis.call('HINCRBY', P .. 'ld', w0, -1)
+      redis.call('HINCRBY', P .. 'ld', who, 1)
     end
     redis.call('ZADD', P .. 'due', h[12], id)
   else
-    redis.call('ZREM', P .. 'a:' .. w0, id)
+    redis.call('HINCRBY', P .. 'ld', w0, -1)
     redis.call('ZREM', P .. 'due', id)
   end
 end
@@ -144,4 +180,26 @@ local function sliced(list, f)
   for i = 1, #list, 1000 do
     f(unpack(list, i, math.min(i + 999, #list)))
   end
+end
+
+-- Earlier versions kept one zset of owed conversations per agent (`a:<name>`, the names
+-- in the set `ag`, or in a `load` zset before that; an `n` hash of counts too): add
+-- their sizes to the load counters and drop them. Two EXISTS when there is nothing to
+-- do; O(agents) once otherwise. Counters a newer step already moved stay right: the
+-- step changed the counter, not the old index, so the sum is the load.
+local function take_over_indices()
+  if redis.call('EXISTS', P .. 'ag', P .. 'load') == 0 then return 0 end
+  local names = redis.call('SMEMBERS', P .. 'ag')
+  for _, who in ipairs(redis.call('ZRANGE', P .. 'load', 0, -1)) do names[#names + 1] = who end
+  local moved = 0
+  for _, who in ipairs(names) do
+    local n = redis.call('ZCARD', P .. 'a:' .. who)
+    if n > 0 then
+      redis.call('HINCRBY', P .. 'ld', who, n)
+      redis.call('DEL', P .. 'a:' .. who)
+      moved = moved + 1
+    end
+  end
+  redis.call('DEL', P .. 'ag', P .. 'load', P .. 'n')
+  return moved
 end

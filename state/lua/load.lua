@@ -1,18 +1,16 @@
--- Active conversations per agent, busiest first: ZCARD of each agent's index.
--- Costs O(agents in the set), never O(conversations).
+-- Active conversations per agent, busiest first: the load counters (hash `ld`).
+-- Costs O(agents owing replies), never O(conversations).
 -- ARGV: 1 prefix, 2 limit. Returns a flat list agent1, count1, agent2, count2, ...
--- Namespaces written before the set existed kept a `load` zset instead: its names
--- are taken over once (and the old `load` and `n` keys dropped).
+-- Namespaces written by earlier versions kept an index per agent instead (`a:<name>`
+-- zsets listed in the `ag` set, or in a `load` zset before that): take_over_indices
+-- turns them into counters, once.
 local limit = tonumber(ARGV[2])
-local old = redis.call('ZRANGE', P .. 'load', 0, -1)
-if #old > 0 then
-  sliced(old, function(...) redis.call('SADD', P .. 'ag', ...) end)
-  redis.call('DEL', P .. 'load', P .. 'n')
-end
+take_over_indices()
 local rows = {}
-for _, who in ipairs(redis.call('SMEMBERS', P .. 'ag')) do
-  local n = redis.call('ZCARD', P .. 'a:' .. who)
-  if n > 0 then rows[#rows + 1] = {who, n} end
+local flat = redis.call('HGETALL', P .. 'ld')
+for i = 1, #flat, 2 do
+  local n = tonumber(flat[i + 1])
+  if n > 0 then rows[#rows + 1] = {flat[i], n} end
 end
 table.sort(rows, function(x, y)
   if x[2] ~= y[2] then return x[2] > y[2] end

@@ -1,5 +1,5 @@
 -- Remove terminal conversations that ended before a cutoff, forget old orphans, and
--- drop agent names whose index is gone from the agent set.
+-- drop the load counters of agents that owe nothing.
 -- ARGV: 1 prefix, 2 cutoff, 3 limit, 4.. terminal statuses.
 -- Returns the number of conversations removed.
 local cutoff, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -39,11 +39,12 @@ for i = 4, #ARGV do
   removed = removed + drop(P .. 's:' .. ARGV[i], 'c:', limit - removed)
 end
 drop(P .. 'orph', 'o:', limit)
--- Every transition that gives an agent an index also SADDs its name, so dropping the
--- names without one is safe and keeps the set as small as the agents really owing.
-for _, who in ipairs(redis.call('SMEMBERS', P .. 'ag')) do
-  if redis.call('EXISTS', P .. 'a:' .. who) == 0 then
-    redis.call('SREM', P .. 'ag', who)
-  end
+-- Load counters that came down to 0 (agents owing nothing now): O(agents owing replies).
+-- A negative one waits for take_over_indices (an old index not taken over yet).
+local flat = redis.call('HGETALL', P .. 'ld')
+local idle = {}
+for i = 1, #flat, 2 do
+  if flat[i + 1] == '0' then idle[#idle + 1] = flat[i] end
 end
+sliced(idle, function(...) redis.call('HDEL', P .. 'ld', ...) end)
 return removed
