@@ -42,11 +42,14 @@ from protocol import (
     signature_problem,
 )
 from protocol.ids import new_request_id
-from state.records import Conversation, ConvStatus, Origin, Outcome
+from state.records import Conversation, ConvStatus, Origin, Outcome, size_problem
 from state.store import ConversationStore
 
 log = logging.getLogger("bpgw.gateway.pipeline")
 
+# Bytes of an author id (a native identity, kept in identity bindings and loop-guard
+# keys); longer ones are refused like oversize origin fields (docs/state.md "Bounds").
+AUTHOR_ID_MAX_BYTES = 256
 # Most parse errors one disposition carries (what the HTTP API answers with).
 MAX_ERRORS_REPORTED = 100
 
@@ -101,6 +104,7 @@ class Pipeline:
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )
         problem = Origin(env.transport, env.channel, env.thread, env.native_id).problem()
+        problem = problem or size_problem("author id", env.author.id, AUTHOR_ID_MAX_BYTES)
         if problem is not None:
             return self._count(await self._too_long(env, problem))
         command = parse_command(env.text, self._config.gateway.command_prefix)

@@ -43,15 +43,21 @@ class Origin:
     def problem(self) -> str | None:
         """Why this origin may not be stored (a field over ``ORIGIN_MAX_BYTES``), or None."""
         for name, limit in ORIGIN_MAX_BYTES.items():
-            value: str | None = getattr(self, name)
-            # Most values are short: at most 4 bytes per character, so no encoding needed.
-            if value is None or len(value) * 4 <= limit:
-                continue
-            size = len(value.encode("utf-8", "surrogatepass"))
-            if size > limit:
-                return (f"the {name.replace('_', ' ')} is {size} bytes; the gateway stores at "
-                        f"most {limit} bytes of it per conversation")
+            found = size_problem(name.replace("_", " "), getattr(self, name), limit)
+            if found is not None:
+                return found
         return None
+
+
+def size_problem(what: str, value: str | None, limit: int) -> str | None:
+    """Why ``value`` is too long to store (over ``limit`` bytes of UTF-8), or None."""
+    # Most values are short: at most 4 bytes per character, so no encoding needed.
+    if value is None or len(value) * 4 <= limit:
+        return None
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size <= limit:
+        return None
+    return f"the {what} is {size} bytes; the gateway stores at most {limit} bytes of it"
 
 
 ORIGIN_MAX_BYTES: dict[str, int] = {

@@ -511,3 +511,14 @@ async def test_a_full_inbox_is_reported_to_the_sender_as_such(
         assert warning["code"] == "inbox_full" and warning["agent"] == "erin", warning
         assert "inbox of erin is full" in warning["detail"] and "queued" in warning["detail"]
         assert len(details) > 2  # the first ones were simply delivered
+
+
+async def test_oversize_transport_fields_of_any_transport_are_refused(gw: Gateway) -> None:
+    chat = memory(gw, "chat")
+    text = render(build_request(sender="Lotbot", to="Mantis", task="t"))
+    for field, kw in (("author id", {"author_id": "u" * 300}),
+                      ("native id", {"author_id": "u-lot", "native_id": "n" * 300}),
+                      ("channel", {"author_id": "u-lot", "channel": "c" * 300})):
+        d = await chat.inject(text, **kw)
+        assert d.outcome == "rejected" and d.detail.startswith(f"too_long: the {field} is 300"), d
+    assert (await chat.inject(text, author_id="u-lot")).outcome == "accepted"
