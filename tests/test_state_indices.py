@@ -20,7 +20,7 @@ from test_state_helpers import (
 )
 
 from protocol.models import Message
-from state.records import ConvStatus
+from state.records import Budget, ConvStatus, Outcome
 from state.settings import StateSettings
 from state.store import MERGED_WINDOW, ConversationStore, list_statuses
 
@@ -137,7 +137,7 @@ async def private_store(namespace: str) -> AsyncIterator[ConversationStore]:
         server.close()
 
 
-async def _commands(st: ConversationStore, msg: Message) -> int:
+async def _commands(st: ConversationStore, msg: Message, budget: Budget | None = None) -> int:
     """Commands INFO commandstats counts for one apply (incl. the ones the script runs)."""
 
     async def calls() -> int:
@@ -145,7 +145,8 @@ async def _commands(st: ConversationStore, msg: Message) -> int:
         return sum(int(v["calls"]) for v in stats.values())
 
     before = await calls()
-    await st.apply(msg, ORIGIN, now=T0)
+    result = await st.apply(msg, ORIGIN, now=T0, budget=budget)
+    assert result.outcome in (Outcome.APPLIED, Outcome.DUPLICATE), result
     return await calls() - before - 1  # minus the first INFO
 
 
@@ -162,6 +163,13 @@ async def test_commands_per_step(private_store: ConversationStore) -> None:
                                         status=None)) == 8
     assert await _commands(st, handoff("r1", depth=4)) == 9  # + a ZADD: Heron is a party now
     assert await _commands(st, response("r1", sender="Heron", depth=5)) == 7
+    # With the loop guard's two budgets: their MGET (which reads a later step's record
+    # too, instead of its GET) and a SET each.
+    guard = Budget(("p:lotbot mantis", "i:http:lotbot mantis"), 100, 60.0, 60.0)
+    assert await _commands(st, request("r2"), guard) == 7 + 3
+    assert await _commands(st, request("r2"), guard) == 2 + 1  # a duplicate: no charge
+    assert await _commands(st, clarify("r2"), guard) == 8 + 2
+    assert await _commands(st, clarify("r2"), guard) == 2  # EVALSHA + MGET
 
 
 # -- listing: status filters, any party, bounded pages -----------------------------------

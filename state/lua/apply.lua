@@ -15,7 +15,8 @@
 -- {1 when this message tripped a budget else 0, milliseconds until it lets messages pass}.
 -- Commands: a new REQUEST is SET NX GET + 2 ZADD + HINCRBY + one ZADD per party (2); any
 -- later step is GET + SET plus only the indices that change (see reindex in common.lua)
--- and a ZADD for a new party; the loop guard adds an MGET of its keys and a SET per key.
+-- and a ZADD for a new party; the loop guard adds an MGET of its keys (which reads the
+-- record of a later step too, instead of its GET) and a SET per key.
 local key = KEYS[1]
 -- Orphan RESPONSEs kept per unknown RequestId (each event is bounded, their number is not).
 local ORPHAN_MAX_BYTES = 16384
@@ -25,6 +26,15 @@ local fk = a[23]
 local dc, dm = a[5], a[6]
 local fp, now = a[11], a[12]
 local ev = {typ, from, to, dc, dm, '', a[13], a[16], now, a[10], fp}
+local opens = typ == 'REQUEST' or typ == 'BROADCAST'
+-- The stored record when it was read already (with the budgets), else nil.
+local read = nil
+
+-- The stored record (false when there is none), read once.
+local function stored()
+  if read == nil then read = redis.call('GET', key) end
+  return read
+end
 
 -- An accepted step: journal its outbound messages with it, then answer.
 local function accept(st, blob, h)
@@ -67,9 +77,18 @@ local function budgets()
   g = cjson.decode(g)
   local limit, window, cooldown = g[1], g[2], g[3]
   local guard = {states = {}, tripped = {}, window = window, cooldown = cooldown}
-  local raws = redis.call('MGET', unpack(KEYS, 3))
+  -- A later step reads its record in the same MGET (a new one is SET NX GET instead).
+  local skip = 2
+  local raws
+  if opens then
+    raws = redis.call('MGET', unpack(KEYS, 3))
+  else
+    raws = redis.call('MGET', key, unpack(KEYS, 3))
+    read = raws[1]
+    skip = 1
+  end
   for i = 3, #KEYS do
-    local raw = raws[i - 2]
+    local raw = raws[i - skip]
     local s = raw and cjson.decode(raw)
     local v
     if s and s[1] > now then
@@ -119,7 +138,7 @@ end
 -- The state machine proper: the checks and the transition (one return per outcome).
 local function step()
   local blob
-  if typ == 'REQUEST' or typ == 'BROADCAST' then
+  if opens then
     -- Write the new record only if the id is free; otherwise SET ... GET hands back the
     -- stored one for the checks below (duplicate, conflict), so a REQUEST costs no GET.
     local bc = typ == 'BROADCAST'
@@ -136,7 +155,7 @@ local function step()
       return {'applied', '', false, new}
     end
   else
-    blob = redis.call('GET', key)
+    blob = stored()
   end
 
   if not blob then
@@ -168,7 +187,7 @@ local function step()
   local h, body = split(blob)
   local st = h[5]
   local rk = h[17]
-  if typ == 'REQUEST' or typ == 'BROADCAST' then
+  if opens then
     return {'conflict', 'RequestId ' .. id .. ' is already used by a conversation ' .. h[3] ..
             ' opened (now ' .. st .. '); send the new ' .. typ .. ' with a fresh RequestId.',
             st, blob}
@@ -244,7 +263,7 @@ end
 local guard = budgets()
 if guard and guard.refused then
   -- A message already accepted is a duplicate, not a loop: retries never use the budget.
-  local dup = duplicate(redis.call('GET', key))
+  local dup = duplicate(stored())
   if dup then return dup end
   trip(guard)
   return {'loop', '', false, false, guard.refused[1], math.ceil(guard.refused[2] * 1000)}
