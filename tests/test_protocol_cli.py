@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import re
 import stat
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 from cli_kit import bpgw
 
+from gateway import cli
 from gateway.cli import main
 from protocol import build_broadcast, load_private_key, message_to_dict, parse, render, sign
 
@@ -304,3 +307,16 @@ def test_verify_says_why_a_block_failed(tmp_path: Path, capsys: pytest.CaptureFi
     huge.write_bytes(b"A" * 100_000)
     code, out, err = _in_process(capsys, "verify", str(signed), "--pubkey", str(huge))
     assert code == 2 and out == "" and "not a key file" in err
+
+
+def test_each_command_is_registered_by_the_module_main_imports_for_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    registered = {}
+    for name in cli.MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"gateway.cli.{name}").register(sub)
+        registered.update(dict.fromkeys(sub.choices, name))
+    assert registered == cli.COMMAND_MODULES
+    code, out, _ = _in_process(capsys, "--help")
+    assert code == 0 and all(command in out for command in registered)

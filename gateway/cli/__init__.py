@@ -1,39 +1,59 @@
-"""The ``bpgw`` command line: one sub-command module per area, each with ``register``."""
+"""The ``bpgw`` command line: one sub-command module per area, each with ``register``.
+
+A command imports only the module that registers it: an agent that runs ``bpgw build``
+or ``bpgw parse`` once per message should not wait for the gateway's imports (Redis,
+aiohttp, NATS). ``bpgw --help`` and anything unknown register every module.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import (
-    check_cmds,
-    identity_cmds,
-    mq9_cmds,
-    outbox_cmds,
-    protocol_cmds,
-    run_cmds,
-    state_cmds,
+MODULES = (
+    "protocol_cmds",
+    "state_cmds",
+    "identity_cmds",
+    "run_cmds",
+    "check_cmds",
+    "mq9_cmds",
+    "outbox_cmds",
 )
+"""Every module of ``gateway.cli`` that registers commands, in help order."""
+
+COMMAND_MODULES = {
+    **dict.fromkeys(("parse", "build", "reply", "keygen", "sign", "verify"), "protocol_cmds"),
+    **dict.fromkeys(("status", "show", "sweep"), "state_cmds"),
+    "identity": "identity_cmds",
+    "run": "run_cmds",
+    "demo": "run_cmds",
+    "check": "check_cmds",
+    "mq9": "mq9_cmds",
+    "outbox": "outbox_cmds",
+}
+"""Which module registers each command (a test checks it against the modules)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every sub-command registered."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser: with ``command``'s module only when it is known, else with
+    every sub-command registered."""
     parser = argparse.ArgumentParser(
         prog="bpgw", description="bot-protocol gateway: parse, track, enforce and relay."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (
-        protocol_cmds, state_cmds, identity_cmds, run_cmds, check_cmds, mq9_cmds, outbox_cmds
-    ):
-        module.register(sub)
+    known = COMMAND_MODULES.get(command or "")
+    for name in (known,) if known else MODULES:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bpgw`` console script; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words else None)
+    args = parser.parse_args(words)
     handler = args.handler
     try:
         return int(handler(args))
