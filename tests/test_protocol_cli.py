@@ -312,6 +312,8 @@ def test_verify_says_why_a_block_failed(tmp_path: Path, capsys: pytest.CaptureFi
 def test_each_command_is_registered_by_the_module_main_imports_for_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    folder = Path(cli.__file__).parent
+    assert {path.stem for path in folder.glob("*_cmds.py")} == set(cli.MODULES)
     registered = {}
     for name in cli.MODULES:
         sub = argparse.ArgumentParser().add_subparsers()
