@@ -16,7 +16,14 @@ import aiohttp
 import pytest
 
 from adapters.ainet.settings import AinetSettings
-from adapters.base import Address, ConfigError, DeliveryError, Outbound, create_adapter
+from adapters.base import (
+    Address,
+    ConfigError,
+    DeliveryError,
+    HealthState,
+    Outbound,
+    create_adapter,
+)
 from gateway.config import AgentSection
 from protocol import (
     MessageType,
@@ -41,6 +48,7 @@ from ainet_kit import (
 )
 from ainet_peer import PlainAgent, conv, read_message
 from gwkit import memory, running
+from servers import PrivateValkey
 
 
 def _session(root: Path, name: str) -> Path:
@@ -459,3 +467,28 @@ async def test_mirrored_conversations_are_written_as_turns(
         assert [m["Status"] for _, m in turns] == ["PENDING", "DONE"]
         assert sorted(p.name for p in (root / "session").iterdir()) == [
             f"{conv(ME)}_to_BROADCAST_broadcast.txt", "status.txt"]
+
+
+async def test_a_redis_outage_degrades_health_and_loses_nothing(tmp_path: Path) -> None:
+    """Redis stops while an agent writes a request: the transport reports degraded, the
+    file is not marked, and once Redis is back it arrives (once)."""
+    valkey = await asyncio.to_thread(PrivateValkey(tmp_path / "valkey", appendonly=True).start)
+    root = tmp_path / "shared"
+    try:
+        config = bridge_config(valkey.url, "ainet-outage", tmp_path)
+        async with chat_and_bridge(config) as (gw, chat):
+            peer = PlainAgent(root, PEER)
+            peer.request(ME, "@Lotbot before")
+            assert (await chat.one()).task == "before"  # type: ignore[union-attr]
+            await asyncio.to_thread(valkey.stop)
+            during = peer.next_turn("outage", ME, "@Lotbot during the outage")
+            state = await eventually(lambda: bridge(gw).health().state is HealthState.DEGRADED
+                                     and bridge(gw).health())
+            assert "poll failed" in state.detail
+            await asyncio.to_thread(valkey.start)
+            await ingested(gw, during.relative_to(root).as_posix())
+            assert (await chat.one()).task == "during the outage"  # type: ignore[union-attr]
+            await eventually(lambda: bridge(gw).health().state is HealthState.UP)
+            assert await chat.receive(wait=0.3) == []
+    finally:
+        await asyncio.to_thread(valkey.close)

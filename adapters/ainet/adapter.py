@@ -198,6 +198,7 @@ class AinetAdapter(Adapter):
                 await self._inbox.note_written(self._flush_written())
         if self._workspace is not None:
             self._workspace.close()
+        self._writer = self._ingest = None  # sends now fail; the workspace stays readable
         self.set_health(HealthState.DOWN, "stopped")
 
     def owned_names(self) -> Sequence[OwnedName]:

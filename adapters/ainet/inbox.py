@@ -65,6 +65,8 @@ class Inbox:
         self.max_pending = max_pending
         self._pending: dict[str, _Look] = {}
         self._in_flight: dict[str, Arrival] = {}
+        # Candidates found by a poll whose record lookup failed (Redis down): next poll.
+        self._unlooked: list[Candidate] = []
 
     @property
     def pending(self) -> int:
@@ -74,9 +76,15 @@ class Inbox:
     async def poll(self) -> list[Arrival]:
         """One pass: new complete files as arrivals (each handed out once until acked)."""
         room = self.max_pending - len(self._pending)
-        fresh = await asyncio.to_thread(self.scanner.poll) if room > 0 else []
+        fresh = self._unlooked + (await asyncio.to_thread(self.scanner.poll) if room > 0 else [])
+        self._unlooked = []
         now = time.time()
-        records = await self.ledger.lookup([c.rel for c in fresh])
+        try:
+            records = await self.ledger.lookup([c.rel for c in fresh])
+        except Exception:
+            # The scanner hands a change out once: keep the candidates for the next poll.
+            self._unlooked = fresh[:self.max_pending]
+            raise
         for cand, rec in zip(fresh, records, strict=True):
             if rec is not None and rec.matches_stat(cand.size, cand.mtime_ns):
                 self.scanner.note_handled(cand.rel, cand.size, cand.mtime_ns)
@@ -93,10 +101,14 @@ class Inbox:
             ready = self._judge(look, data, sig, now, skipped)
             if ready is not None:
                 arrivals.append(ready)
-        if skipped:
-            await self._remember(skipped)
         for arrival in arrivals:
             self._in_flight[arrival.rel] = arrival
+        if skipped:
+            try:
+                await self._remember(skipped)
+            except Exception:
+                self.release(arrivals)  # (Redis down) handed out at a later poll instead
+                raise
         return arrivals
 
     def _read_all(self, looks: list[_Look]) -> list[tuple[_Look, bytes | None, tuple[int, int]]]:

@@ -107,7 +107,11 @@ class Ingest:
             groups.setdefault(_group(arrival.rel), []).append(arrival)
         gate = asyncio.Semaphore(self.settings.ingest_concurrency)
         tasks = sorted({t for a in arrivals if (t := task_of(a.rel)) is not None})
-        self._links = dict(zip(tasks, await self.records.folders(tasks), strict=True))
+        try:
+            self._links = dict(zip(tasks, await self.records.folders(tasks), strict=True))
+        except Exception:
+            self.inbox.release(arrivals)  # (Redis down) all of them again at the next poll
+            raise
 
         async def run(items: list[Arrival]) -> None:
             async with gate:
