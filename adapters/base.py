@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from adapters.chunking import split_message
 
@@ -365,6 +365,15 @@ class Cursors(Protocol):
 
     async def forget(self, channel: str) -> None:
         """Drop a channel's cursor (the channel was deleted or left)."""
+
+
+@runtime_checkable
+class DeadlineSource(Protocol):
+    """A sink that tells conversations' deadlines in one round trip (the gateway does);
+    a transport that carries a message's useful life (mq9-ttl) checks for it."""
+
+    async def deadlines(self, request_ids: Sequence[str]) -> list[float | None]:
+        """The Unix-time deadline of each conversation (None: none runs, or unknown)."""
 
 
 class GatewaySink(Protocol):

@@ -16,7 +16,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -374,6 +374,11 @@ class Gateway:
         with _store_answers():
             conv = await self.store.get(request_id, with_history=True)
         return None if conv is None else conversation_to_dict(conv)
+
+    async def deadlines(self, request_ids: Sequence[str]) -> list[float | None]:
+        """The deadline of each conversation (None when none runs): ``DeadlineSource``."""
+        with _store_answers():
+            return await self.store.deadlines(request_ids)
 
     async def check_health(self) -> dict[str, Any]:
         """``health()`` after a fresh, time-bounded check of the store and the outbox."""

@@ -381,6 +381,13 @@ class ConversationStore:
             return None
         return decode_conversation(request_id, blob, with_history=with_history)
 
+    async def deadlines(self, request_ids: Sequence[str]) -> list[float | None]:
+        """The deadline of each conversation (None when none runs), one ZMSCORE."""
+        if not request_ids:
+            return []
+        scores = await self.redis.zmscore(self.keys.due, list(request_ids))
+        return [None if s is None else float(s) for s in scores]
+
     async def counts(self) -> dict[str, int]:
         """Conversations by status, plus live ``broadcast`` records and kept ``orphan`` ids.
 

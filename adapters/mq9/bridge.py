@@ -37,6 +37,7 @@ from adapters.base import (
     Adapter,
     Author,
     Capabilities,
+    DeadlineSource,
     DeliveryError,
     Disposition,
     Envelope,
@@ -76,7 +77,8 @@ PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: 
 class Mq9Bridge(Adapter):
     """The ``mq9`` transport: one registered agent and one mailbox on an mq9 broker."""
 
-    capabilities = Capabilities(max_message_length=None, threads=False, sees_other_bots=True)
+    capabilities = Capabilities(max_message_length=None, threads=False, sees_other_bots=True,
+                                batched_sends=True)
 
     def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(name)
@@ -357,8 +359,30 @@ class Mq9Bridge(Adapter):
 
     async def send(self, message: Outbound) -> Receipt:
         """SEND ``message`` to its mailbox (found with DISCOVER for ``@name``)."""
+        (result,) = await self.send_batch([message])
+        if isinstance(result, DeliveryError):
+            raise result
+        return result
+
+    async def send_batch(self, messages: Sequence[Outbound]) -> list[Receipt | DeliveryError]:
+        """SEND ``messages`` (one mailbox) in order, their deadlines looked up at once;
+        stops at the first refusal."""
+        out: list[Receipt | DeliveryError] = []
+        try:
+            ttls = await self._ttls(messages)
+        except DeliveryError as exc:
+            return [exc]
+        for message, ttl in zip(messages, ttls, strict=True):
+            try:
+                out.append(await self._send_one(message, ttl))
+            except DeliveryError as exc:
+                out.append(exc)
+                break
+        return out
+
+    async def _send_one(self, message: Outbound, ttl: int | None) -> Receipt:
         address = await self._resolve(message.address.channel)
-        headers = await self._headers(message)
+        headers = self._headers(message, ttl)
         try:
             msg_id = await self.client.send(address, message.text.encode(), headers)
         except Mq9Unavailable as exc:
@@ -373,7 +397,7 @@ class Mq9Bridge(Adapter):
             raise DeliveryError(str(exc)) from None
         return Receipt((f"{address}:{msg_id}",))
 
-    async def _headers(self, message: Outbound) -> dict[str, str]:
+    def _headers(self, message: Outbound, ttl: int | None) -> dict[str, str]:
         headers = {REPLY_TO_HEADER: self.settings.mailbox}
         if message.id:
             headers[MESSAGE_ID_HEADER] = message.id
@@ -388,21 +412,29 @@ class Mq9Bridge(Adapter):
                 headers["mq9-tags"] = str(msg.type)
                 priority = getattr(msg, "priority", None) or getattr(msg, "urgency", None)
                 headers["mq9-priority"] = PRIORITY_LANES.get(str(priority), "normal")
-        ttl = await self._ttl(message.request_id)
         if ttl is not None:
             headers["mq9-ttl"] = str(ttl)
         return headers
 
-    async def _ttl(self, request_id: str | None) -> int | None:
-        """Seconds until the conversation's deadline, None when it has none (or passed)."""
-        if request_id is None or self._sink is None:
-            return None
-        conv = await self._sink.conversation(request_id)
-        deadline = conv.get("deadline") if conv else None
-        if not isinstance(deadline, int | float):
-            return None
-        left = math.ceil(deadline - time.time())
-        return left if left > 0 else None
+    async def _ttls(self, messages: Sequence[Outbound]) -> list[int | None]:
+        """Per message, seconds until its conversation's deadline (None: no deadline runs,
+        it passed, or the gateway cannot tell); one lookup for all of them."""
+        ids = [m.request_id for m in messages if m.request_id]
+        if not ids or not isinstance(self._sink, DeadlineSource):
+            return [None] * len(messages)
+        try:
+            found = dict(zip(ids, await self._sink.deadlines(ids), strict=True))
+        except Exception as exc:  # the store is down: retried later, not sent without TTL
+            raise DeliveryError(f"conversation deadlines unavailable: {exc}",
+                                retry_after=self.settings.retry_seconds,
+                                code="unavailable") from None
+        now = time.time()
+        out: list[int | None] = []
+        for m in messages:
+            deadline = found.get(m.request_id) if m.request_id else None
+            left = math.ceil(deadline - now) if deadline is not None else 0
+            out.append(left if left > 0 else None)
+        return out
 
     async def _resolve(self, channel: str) -> str:
         """The mail_address of ``channel``: itself, or the mailbox DISCOVER gives ``@name``."""
