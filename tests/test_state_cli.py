@@ -42,6 +42,8 @@ async def test_status_show_sweep(store: ConversationStore, redis_url: str, names
     assert code == 0 and "timed out: r1 (waiting on Lotbot)" in out and "claimed 1" in out
     code, out = await _to_thread(capsys, redis_url, namespace, "status")
     assert code == 0 and "timeout 1" in out and "heron: 1" in out
+    assert re.search(r"^  r2  open +opened \d+s ago  waiting on Heron, due in 2\d*m \d+s  ",
+                     out, re.M), out
 
 
 async def _to_thread(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

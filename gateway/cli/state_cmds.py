@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from gateway.app import conversation_to_dict
 from gateway.commands import conversation_result
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_status
 from state.connection import EMBEDDED, BadRedisURL, RedisHandle, embedded_folder, open_redis
@@ -148,10 +149,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("conversations: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
         for name, line in await outbox_status(outbox):
             print(f"{name}: {line}")
-        print("oldest open:")
+        print("oldest open:" if oldest else "oldest open: none")
         for row in oldest:
-            print(f"  {row['request_id']}  {row['status']:<10}  {row['age_seconds']:>9.0f}s"
-                  f"  waiting on {row['owes_reply']}  {row['task']}")
+            deadline = row["deadline"]
+            due = "" if deadline is None else (
+                f", due in {format_duration(deadline - now)}" if deadline > now
+                else f", overdue by {format_duration(now - deadline)}")
+            print(f"  {row['request_id']}  {row['status']:<10}  opened "
+                  f"{format_duration(row['age_seconds'])} ago  waiting on {row['owes_reply']}"
+                  f"{due}  {row['task']}")
         print("open load by agent:")
         for agent, n in load.items():
             print(f"  {agent}: {n}")
