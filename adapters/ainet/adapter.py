@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from adapters.ainet.discovery import Scanner
 from adapters.ainet.fsio import TEMP_PREFIX, TEMP_SUFFIX
 from adapters.ainet.identity import load_or_create_agent_id
@@ -291,17 +293,21 @@ class AinetAdapter(Adapter):
         if writer is None or records is None:
             raise DeliveryError(f"ainet transport {self.name} is not running", retry_after=1.0)
         proto = _protocol_message(message)
-        if proto is not None and proto.is_broadcast:
-            if await records.is_peer(proto.sender):
-                return Receipt(())  # it was written in this folder: its agents saw it there
-            async with self._broadcast_lock:
-                return await self._deliver(message, proto, None)
-        peer = _peer(message.address.channel)
-        if peer is None and message.recipient is not None:
-            # Meant for one agent, but the address names no AINET agent id: a config error.
-            raise DeliveryError(f"{message.address} does not name an AINET agent id "
-                                "(<device>/<name>)", code="bad_address")
-        return await self._deliver(message, proto, peer)
+        try:
+            if proto is not None and proto.is_broadcast:
+                if await records.is_peer(proto.sender):
+                    return Receipt(())  # it was written in this folder: its agents saw it
+                async with self._broadcast_lock:
+                    return await self._deliver(message, proto, None)
+            peer = _peer(message.address.channel)
+            if peer is None and message.recipient is not None:
+                # Meant for one agent, but the address names no AINET agent id: config error.
+                raise DeliveryError(f"{message.address} does not name an AINET agent id "
+                                    "(<device>/<name>)", code="bad_address")
+            return await self._deliver(message, proto, peer)
+        except RedisError as exc:  # the delivery record is unreachable: try again later
+            raise DeliveryError(f"the bridge's records are unreachable: {exc}",
+                                retry_after=1.0) from None
 
     async def _deliver(self, message: Outbound, proto: Message | None, peer: str | None
                        ) -> Receipt:
