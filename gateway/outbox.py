@@ -220,6 +220,14 @@ class DeadLetter:
         }
 
 
+# KEYS marker (sorted set), journal. ARGV member, then the journal entries.
+_ENQUEUE_ONCE = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+for i = 2, #ARGV do redis.call('XADD', KEYS[2], '*', 'm', ARGV[i]) end
+return 1
+"""
+
+
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -242,6 +250,7 @@ class Outbox:
         self.keys = OutboxKeys(namespace)
         self._adapters: Mapping[str, Adapter] = adapters or {}
         self.echo_ttl_seconds = echo_ttl_seconds
+        self._enqueue_once = redis.register_script(_ENQUEUE_ONCE)
         # Destinations known to be blocked (full inbox, failing), refreshed from Redis by
         # the dispatcher loop of every replica: what a sender is warned about.
         self.blocked: dict[str, str] = {}
@@ -271,6 +280,17 @@ class Outbox:
             for entry in batch:
                 pipe.xadd(self.keys.journal, {"m": entry})
             await pipe.execute()
+
+    async def enqueue_once(self, entries: Sequence[str], marker: str, member: str) -> bool:
+        """Append ``entries`` only if ``member`` is still in the sorted set ``marker``,
+        removing it in the same atomic step; False when someone else already did.
+
+        Both keys share the namespace's slot. This makes journaling what a claim owes
+        (a timed-out conversation's notices) happen exactly once across replicas and
+        restarts.
+        """
+        done = await self._enqueue_once(keys=[marker, self.keys.journal], args=[member, *entries])
+        return bool(done)
 
     # -- echoes ------------------------------------------------------------------------
 

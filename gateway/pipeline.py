@@ -209,26 +209,36 @@ class Pipeline:
         return await self._commands.run(cmd)
 
     async def on_timeout(self, conv: Conversation) -> None:
-        """Sweep callback: tell the origin thread, and send the requester a failed RESPONSE."""
+        """Sweep callback: tell the origin thread, and send the requester a failed RESPONSE.
+
+        Both are journaled in one step that also clears the conversation's "notices owed"
+        mark the claim set, so they are posted exactly once, even when the replica that
+        claimed the conversation died before posting them (another sweep finds the mark).
+        """
         owes, waited = _who_timed_out(conv)
         origin = _origin_address(conv)
-        await self._notify(
-            origin,
-            notices.timed_out(conv.request_id, conv.trace_id, owes, waited, conv.kind),
-            reply_to=conv.origin.native_id,
-            request_id=conv.request_id,
-            trace_id=conv.trace_id,
-        )
-        await self._gateway_response(
-            conv,
-            to=conv.requester,
-            status=Status.FAILED,
-            result=(
-                f"Timed out: no answer from @{owes} after "
-                f"{notices.format_duration(waited)}. TraceId: {conv.trace_id or '-'}"
+        entries = [
+            self._notice_entry(
+                origin,
+                notices.timed_out(conv.request_id, conv.trace_id, owes, waited, conv.kind),
+                reply_to=conv.origin.native_id,
+                request_id=conv.request_id,
+                trace_id=conv.trace_id,
             ),
-            also=(origin,),
-        )
+            *await self._gateway_response(
+                conv,
+                to=conv.requester,
+                status=Status.FAILED,
+                result=(
+                    f"Timed out: no answer from @{owes} after "
+                    f"{notices.format_duration(waited)}. TraceId: {conv.trace_id or '-'}"
+                ),
+                also=(origin,),
+            ),
+        ]
+        if not await self._outbox.enqueue_once(entries, self._store.keys.notify,
+                                               conv.request_id):
+            return  # another replica posted them already
         log.info(
             "conversation timed out",
             extra={"request_id": conv.request_id, "trace_id": conv.trace_id, "recipient": owes},
@@ -238,7 +248,7 @@ class Pipeline:
         """After an operator's cancel: tell the requester and the assignee."""
         conv = notice.conversation
         result = f"Cancelled by {notice.by}: {notice.reason}"
-        await self._gateway_response(
+        entries = await self._gateway_response(
             conv,
             to=conv.requester,
             status=Status.CANCELLED,
@@ -246,9 +256,10 @@ class Pipeline:
             also=(_origin_address(conv),),
         )
         if name_key(conv.assignee) not in (name_key(conv.requester), "all"):
-            await self._gateway_response(
+            entries += await self._gateway_response(
                 conv, to=conv.assignee, status=Status.CANCELLED, result=result
             )
+        await self._outbox.enqueue(entries)
 
     # -- one message ----------------------------------------------------------------
 
@@ -432,7 +443,7 @@ class Pipeline:
                 trace_id=msg.trace_id,
                 depth=msg.depth,
             )
-            await self._relay(reply, None, None, also=(env.address,))
+            await self._outbox.enqueue(await self._relay(reply, None, None, also=(env.address,)))
             return
         parties = {name_key(conv.requester), name_key(conv.assignee)}
         if conv.is_terminal or (name_key(msg.sender) not in parties and "all" not in parties):
@@ -441,13 +452,13 @@ class Pipeline:
             conv.request_id, status=ConvStatus.FAILED, by=self._name, reason=result
         )
         if closed.outcome is Outcome.APPLIED:
-            await self._gateway_response(
+            await self._outbox.enqueue(await self._gateway_response(
                 conv,
                 to=conv.requester,
                 status=Status.FAILED,
                 result=result,
                 also=(_origin_address(conv),),
-            )
+            ))
 
     # -- routing and relay ------------------------------------------------------------
 
@@ -517,16 +528,16 @@ class Pipeline:
         conv: Conversation | None,
         *,
         also: tuple[Address, ...] = (),
-    ) -> None:
-        """Journal a gateway-built ``msg`` for its targets (plus ``also``)."""
+    ) -> list[str]:
+        """The journal entry relaying a gateway-built ``msg`` to its targets (plus
+        ``also``), if it has any."""
         targets = await self._targets(msg, seen_at, conv)
         have = {(a.transport, a.channel) for a, _ in targets}
         for extra_addr in also:
             if (extra_addr.transport, extra_addr.channel) not in have:
                 have.add((extra_addr.transport, extra_addr.channel))
                 targets.append((_in_thread(extra_addr, conv), None))
-        if targets:
-            await self._outbox.enqueue([self._entry(msg, targets, conv=conv)])
+        return [self._entry(msg, targets, conv=conv)] if targets else []
 
     async def _gateway_response(
         self,
@@ -536,8 +547,9 @@ class Pipeline:
         status: Status,
         result: str,
         also: tuple[Address, ...] = (),
-    ) -> None:
-        """A RESPONSE from the gateway itself (timeouts, cancels, depth closes)."""
+    ) -> list[str]:
+        """The journal entry of a RESPONSE from the gateway itself (timeouts, cancels, depth
+        closes)."""
         depth = Depth(current=min(conv.depth_current + 1, conv.depth_max), max=conv.depth_max)
         reply = build_response(
             sender=self._name,
@@ -548,26 +560,30 @@ class Pipeline:
             trace_id=conv.trace_id,
             depth=depth,
         )
-        await self._relay(reply, None, conv, also=also)
+        return await self._relay(reply, None, conv, also=also)
 
-    async def _notify(
-        self,
+    async def _notify(self, address: Address, text: str, **ids: str | None) -> None:
+        """Journal a notice (``ids``: reply_to, request_id, trace_id as in
+        ``_notice_entry``); a failed notice is dead-lettered without telling anyone."""
+        await self._outbox.enqueue([self._notice_entry(address, text, **ids)])
+
+    @staticmethod
+    def _notice_entry(
         address: Address,
         text: str,
         *,
         reply_to: str | None = None,
         request_id: str | None = None,
         trace_id: str | None = None,
-    ) -> None:
-        """Journal a notice (a failed notice is dead-lettered without telling anyone)."""
-        entry = journal_entry(
+    ) -> str:
+        """The journal entry of a notice to ``address``."""
+        return journal_entry(
             text,
             OutboundKind.NOTICE,
             [(address.transport, address.channel, address.thread or "", "", reply_to or "")],
             request_id=request_id,
             trace_id=trace_id,
         )
-        await self._outbox.enqueue([entry])
 
     async def on_dead_letter(self, item: Item) -> None:
         """Tell the sender when its message could not be delivered (dispatcher callback)."""

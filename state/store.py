@@ -180,6 +180,8 @@ class Keys:
         self.due = self.prefix + "due"
         self.load = self.prefix + "ld"
         self.orphans = self.prefix + "orph"
+        # Timed-out conversations whose notices are not journaled yet (score: claim time).
+        self.notify = self.prefix + "notify"
 
     def conv(self, request_id: str) -> str:
         """The record of one conversation."""
@@ -363,6 +365,25 @@ class ConversationStore:
                      conv.history[-1].to if conv.history else conv.assignee,
                      extra={"request_id": conv.request_id, "trace_id": conv.trace_id})
         return claimed
+
+    async def owed_notices(self, *, older_than: float, now: float | None = None,
+                           limit: int = 1000) -> list[Conversation]:
+        """Conversations claimed as timed out more than ``older_than`` seconds ago whose
+        notices were never journaled (the claiming replica died in between).
+
+        Marks of conversations purged meanwhile are dropped.
+        """
+        cutoff = (time.time() if now is None else now) - older_than
+        ids = [_text(i) for i in await self.redis.zrangebyscore(
+            self.keys.notify, "-inf", repr(cutoff), start=0, num=limit)]
+        if not ids:
+            return []
+        blobs = await self.redis.mget([self.keys.conv(i) for i in ids])
+        gone = [i for i, blob in zip(ids, blobs, strict=True) if blob is None]
+        if gone:
+            await self.redis.zrem(self.keys.notify, *gone)
+        return [decode_conversation(i, blob) for i, blob in zip(ids, blobs, strict=True)
+                if blob is not None]
 
     async def purge_expired(self, *, now: float | None = None, limit: int = 1000) -> int:
         """Remove up to ``limit`` terminal conversations older than the retention."""

@@ -20,6 +20,9 @@ log = logging.getLogger(f"bpgw.{__name__}")
 
 MAX_BATCHES_PER_SWEEP = 10
 """Claim batches one sweep may take before yielding to the next interval."""
+NOTICE_GRACE_SECONDS = 10.0
+"""How long after a claim its notices may still be on their way from the claiming replica;
+older ones are owed by a replica that died, and any sweep posts them."""
 STOP_WAIT_SECONDS = 10.0
 """How long ``stop`` lets a sweep or purge in progress finish before cancelling it."""
 
@@ -42,7 +45,9 @@ class Sweeper:
     """Runs claim_due and purge_expired on an AsyncIOScheduler; never dies on errors.
 
     Each claimed conversation is passed to ``on_timeout`` (the gateway posts the
-    notices). A failing callback is logged and does not stop the sweep.
+    notices). A failing callback is logged and does not stop the sweep; the claim left a
+    mark (``ConversationStore.owed_notices``), so a later sweep on any replica calls it
+    again.
     """
 
     def __init__(self, store: ConversationStore,
@@ -107,7 +112,25 @@ class Sweeper:
             return len(batch)
 
         claimed, error = await self._batches(step, "timeout")
+        if error is None:
+            error = await self._owed(at)
         return self._report(SweepReport(claimed=claimed, purged=0, at=at, error=error))
+
+    async def _owed(self, at: float) -> str | None:
+        """Post the notices of conversations claimed long enough ago that the replica
+        which claimed them must have died before posting them (the callback posts them
+        at most once, whoever gets there first)."""
+        try:
+            owed = await self.store.owed_notices(
+                older_than=NOTICE_GRACE_SECONDS, now=at, limit=self.settings.sweep_batch)
+            if owed:
+                log.warning("posting the timeout notices of %d conversation(s) another sweep "
+                            "claimed but did not post", len(owed))
+            for conv in owed:
+                await self._notify(conv)
+        except Exception as exc:  # Redis outage: the marks stay for the next sweep
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     async def purge(self, now: float | None = None) -> SweepReport:
         """Remove terminal conversations older than the retention."""

@@ -5,7 +5,8 @@
 -- Returns a flat list id1, blob1, id2, blob2, ... of the claimed conversations.
 -- One batch costs a fixed handful of commands, not a few per conversation: MGET the
 -- records, drop the claimed ranks from `due` at once, one ZREM per status, one HINCRBY
--- per agent owing replies, one ZADD into s:timeout, one MSET (sliced by 1000 items).
+-- per agent owing replies, one ZADD into s:timeout, one into notify (notices owed), one
+-- MSET (sliced by 1000 items).
 local now, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local due = P .. 'due'
 local ids = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, limit)
@@ -50,6 +51,9 @@ for who, list in pairs(by_agent) do
   redis.call('HINCRBY', P .. 'ld', who, -#list)
 end
 sliced(timed, function(...) redis.call('ZADD', P .. 's:timeout', ...) end)
+-- Their notices are owed until the gateway journals them (Outbox.enqueue_once removes the
+-- mark in the same step): a replica dying in between leaves the mark for another sweep.
+sliced(timed, function(...) redis.call('ZADD', P .. 'notify', ...) end)
 sliced(writes, function(...) redis.call('MSET', ...) end)
 sliced(gone, function(...) redis.call('DEL', ...) end)
 return out
