@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -79,9 +80,7 @@ class GatewaySection(_Section):
 class StateSection(_Section):
     """``[state]``: where conversations live and how long they may wait."""
 
-    redis_url: str = Field(
-        default="embedded", pattern=r"^(embedded|(redis|rediss|unix)://.+)$"
-    )
+    redis_url: str = "embedded"
     namespace: str = Field(default="bpgw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     retention_days: float = Field(default=7.0, gt=0)
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
@@ -95,6 +94,23 @@ class StateSection(_Section):
             "broadcast": 300.0,
         }
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if value == "embedded":
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss", "unix") or not value.partition("://")[2]:
+            raise ValueError(
+                "must be 'embedded' or a URL such as redis://host:6379/0 (schemes redis://, "
+                "rediss://, unix://)"
+            )
+        try:
+            _ = parts.port  # not a number, or out of range
+        except ValueError as exc:
+            raise ValueError(f"bad port: {exc}") from None
+        return value
 
     @field_validator("timeouts")
     @classmethod

@@ -44,10 +44,11 @@ def test_bad_redis_url_is_one_line_as_from_a_config_file(tmp_path: Path) -> None
     for command in (("status",), ("show", "lotbot-1"), ("sweep", "--once")):
         proc = bpgw(*command, "--redis-url", "notaurl", cwd=tmp_path)
         assert (proc.returncode, proc.stdout, _one_line(proc.stderr)) == (2, "", line)
-    # A URL of the right shape that redis-py can not use (a port that is not a number).
+    assert "must be 'embedded' or a URL such as redis://host:6379/0" in line
+    # A URL of the right scheme with a port that is not a number.
     proc = bpgw("show", "lotbot-1", "--redis-url", "redis://127.0.0.1:abc", cwd=tmp_path)
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert "bad Redis URL: Port could not be cast" in _one_line(proc.stderr)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "state.redis_url: bad port: Port could not be cast" in _one_line(proc.stderr)
     assert sorted(tmp_path.iterdir()) == [config]
 
 

@@ -46,14 +46,21 @@ def _to_dict(row: Probe) -> dict[str, Any]:
     return {"check": row.check, "status": _verdict(row), "detail": row.detail, "fix": row.fix}
 
 
+def _config_fix(args: argparse.Namespace, problem: str) -> str:
+    if args.config is not None and f"config file {args.config} " in problem:
+        if "not valid TOML" in problem:
+            return "correct the TOML syntax at the line named above"
+        return "give --config the path of a readable config file (see config.example.toml)"
+    return "correct the key named above (every key: config.example.toml)"
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     source = str(args.config) if args.config else "the embedded defaults"
     try:
         config, _ = gateway_config(args, create=False)
         adapters = create_adapters(config)
     except (ConfigError, TransportConfigError) as exc:
-        rows = [Probe("configuration", False, str(exc),
-                      "correct the key named above (every key: config.example.toml)")]
+        rows = [Probe("configuration", False, str(exc), _config_fix(args, str(exc)))]
     else:
         names = ", ".join(adapters) or "none"
         rows = [Probe("configuration", True, f"{source}: valid; transports: {names}")]
