@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import tomllib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from gateway.app import Gateway
 from protocol import Priority, build_request, parse, render, reply_response
 
 from gwkit import make_config, running
-from servers import free_port
+from servers import PrivateNats, free_port
 
 pytestmark = pytest.mark.nats
 
@@ -188,6 +188,50 @@ async def test_undeclared_mq9_agent_gets_an_identity_and_replies_reach_it(
         got = await fetch_one(wire, agent_box)
         assert parse(got["payload"]).messages == [answer]
         assert got["header"]["mq9-tags"] == "RESPONSE" and "mq9-ttl" not in got["header"]
+
+
+async def eventually(check: Callable[[], bool], seconds: float = 20.0) -> None:
+    """Poll ``check`` until it holds (AssertionError after ``seconds``)."""
+    for _ in range(int(seconds * 20)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition never held")
+
+
+async def test_nats_restart_degrades_then_recovers(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The NATS server goes away and comes back: health says so, the connection comes
+    back by itself, and messages flow again (nothing stored is lost)."""
+    server = PrivateNats().start()
+    gw_box, agent_box = f"gw.{uid()}", f"worker.{uid()}"
+    agents = {"Worker": {"addresses": [f"mq9:{agent_box}"], "identities": [f"mq9:{agent_box}"]}}
+    config = bridge_config(redis_url, namespace, tmp_path, server.url, gw_box, agents,
+                           request_timeout_seconds=1, retry_seconds=0.2)
+    try:
+        async with running(config) as gw:
+            bridge = gw.adapters["mq9"]
+            assert isinstance(bridge, Mq9Bridge) and bridge.health().state == "up"
+            await asyncio.to_thread(server.stop)
+            await eventually(lambda: bridge.health().state == "down")
+            assert gw.health()["status"] == "degraded"
+            await asyncio.to_thread(server.start)
+            await eventually(lambda: bridge.health().state == "up")
+            assert bridge.stats()["reconnects"] >= 1
+            wire = await Mq9Wire.connect(server.url)
+            try:
+                assert (await wire.create(agent_box, ttl=0))["error"] == ""
+                req = build_request(sender="Worker", to="Lotbot", task="after the restart")
+                sent = await wire.send(gw_box, render(req), **{REPLY_TO: agent_box})
+                assert sent["error"] == ""
+            finally:
+                await wire.close()
+            received = await inbox(base_url(gw))
+            assert [parse(m["text"]).messages[0] for m in received] == [req]
+            assert bridge.stats()["received"] == 1
+    finally:
+        server.close()
 
 
 async def test_probe_connects_and_asks(nats_url: str) -> None:

@@ -93,6 +93,9 @@ class Mq9Bridge(Adapter):
         self._url: str | None = None
         self._found: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.dropped = 0  # inbound messages refused before the gateway (no reply mailbox)
+        self._received = 0  # inbound messages handed to the gateway
+        self._sent = 0  # SENDs the broker accepted
+        self._reconnects = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -173,10 +176,17 @@ class Mq9Bridge(Adapter):
 
     async def _on_disconnected(self) -> None:
         if self._tasks:
-            self.set_health(HealthState.DEGRADED, f"disconnected from {self.url}; reconnecting")
+            self.set_health(HealthState.DOWN, f"disconnected from {self.url}; reconnecting")
 
     async def _on_reconnected(self) -> None:
+        self._reconnects += 1
         log.info("mq9 transport %s reconnected to NATS", self.name)
+
+    def stats(self) -> Mapping[str, Any]:
+        """Mailbox, NATS URL and counters for ``/healthz`` and ``/protocol status``."""
+        return {"mailbox": self.settings.mailbox, "nats_url": self.url,
+                "received": self._received, "refused_no_reply_to": self.dropped,
+                "sent": self._sent, "reconnects": self._reconnects}
 
     async def _on_error(self, exc: Exception) -> None:
         log.warning("mq9 transport %s: NATS error: %s", self.name, exc)
@@ -276,7 +286,10 @@ class Mq9Bridge(Adapter):
             except (Mq9Error, Mq9Unavailable, ValueError) as exc:
                 # A missing mailbox (expired, deleted) is created again on the next round.
                 set_up = False
-                self.set_health(HealthState.DEGRADED, str(exc))
+                # Cut off from NATS: down (nothing flows); the broker refusing: degraded.
+                connected = self._nc is not None and self._nc.is_connected
+                self.set_health(HealthState.DEGRADED if connected else HealthState.DOWN,
+                                str(exc))
                 log.warning("mq9 transport %s: %s; retrying", self.name, exc)
                 await asyncio.sleep(s.retry_seconds)
 
@@ -330,6 +343,7 @@ class Mq9Bridge(Adapter):
         )
         if self._sink is None:
             return False
+        self._received += 1
         await self._sink.on_envelope(envelope)
         return done
 
@@ -395,6 +409,7 @@ class Mq9Bridge(Adapter):
             if "is full" in exc.text:
                 raise DeliveryError(str(exc), retry_after=1.0, code="inbox_full") from None
             raise DeliveryError(str(exc)) from None
+        self._sent += 1
         return Receipt((f"{address}:{msg_id}",))
 
     def _headers(self, message: Outbound, ttl: int | None) -> dict[str, str]:
