@@ -79,6 +79,9 @@ class Mq9Service:
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        # nats-py turns a cancellation into ConnectionClosedError when the connection is
+        # closing, so the loops also watch this flag instead of trusting CancelledError.
+        self._stopping = False
         self._sub: Any = None
         self._exact: dict[str, Handler] = {
             "MAILBOX.CREATE": self._create,
@@ -106,12 +109,14 @@ class Mq9Service:
         await self.storage.setup()
         self._sub = await self.nc.subscribe(API_PREFIX + ">", queue=self.settings.queue_group,
                                             cb=self._on_request)
+        self._stopping = False
         self._loops = [asyncio.create_task(self._delayer()),
                        asyncio.create_task(self._sweeper())]
         log.info("mq9 service listening", extra={"outcome": "started"})
 
     async def stop(self) -> None:
         """Stop taking requests, finish the ones in flight, stop the loops. Safe twice."""
+        self._stopping = True
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
@@ -466,7 +471,7 @@ class Mq9Service:
     async def _delayer(self) -> None:
         """Move delayed messages into their mailboxes when due (shared by all instances)."""
         psub = None
-        while True:
+        while not self._stopping:
             try:
                 if psub is None:
                     psub = await self.storage.delayed_consumer()
@@ -519,7 +524,7 @@ class Mq9Service:
 
     async def _sweeper(self) -> None:
         """Delete expired mailboxes now and then (every instance; deletes are idempotent)."""
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.sweep_interval_seconds)
             try:
                 gone = await self.storage.sweep()
