@@ -343,6 +343,7 @@ class AinetAdapter(Adapter):
             tuple(from_bridge(writer.workspace.agent_id, to, chunk, status) for chunk in chunks),
             task=task,
             task_config=_task_config(request_id, message, proto),
+            task_is_default=task == request_id,
             final=closes(proto),
             slot=slot,
             session_state=None if slot is None else (

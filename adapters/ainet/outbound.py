@@ -39,6 +39,9 @@ class Plan:
     # Conversation folder key (``tasks/task-<task>/``); None: no conversation turn.
     task: str | None = None
     task_config: Mapping[str, Any] = field(default_factory=dict)
+    # The task folder is ``task-<RequestId of the message>``: the session file needs no
+    # note of it (the RequestId in the message says it).
+    task_is_default: bool = False
     # The message ends its conversation: the task's status.txt becomes DONE.
     final: bool = False
     # The single-exchange file kind; None: no session file.
@@ -89,7 +92,7 @@ class Writer:
                 for msg in plan.messages:
                     # Single-exchange files carry the TYPE line (the v0.3 message format).
                     placed = ws.post_session(replace(msg, type_line=True), plan.slot,
-                                             task=plan.task)
+                                             task=None if plan.task_is_default else plan.task)
                     if placed is None:
                         out.spooled += 1
                     else:
