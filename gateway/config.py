@@ -185,6 +185,10 @@ class OutboxSection(_Section):
     echo_ttl_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
     # /healthz fails (outbox stalled) when the oldest undelivered message is older.
     stall_seconds: float = Field(default=60.0, gt=0, le=86400)
+    # Destinations with a dead-letter counter of their own (the total counts them all).
+    stats_destinations: int = Field(default=1000, ge=1, le=100_000)
+    # A destination with nothing queued or dead-lettered is forgotten after this long idle.
+    idle_destination_seconds: float = Field(default=86400.0, gt=0, le=30 * 86400)
 
 
 class PermissionsSection(_Section):

@@ -23,8 +23,9 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -41,7 +42,11 @@ GROUP = "dispatch"
 BLOCK_MS = 1000
 """How long one journal read waits for a new entry (bounds lease and stop latency)."""
 HOUSEKEEPING_SECONDS = 1.0
-"""How often the blocked-destination view and the retry-queue registry are re-read."""
+"""How often the blocked-destination view and the re-queued destinations are re-read."""
+WAKE_BATCH = 1000
+"""Destinations re-queued by ``bpgw outbox retry`` picked up per housekeeping run."""
+RECLAIM_BATCH = 100
+"""Idle destinations looked at per step of a reclaim run."""
 DONE_TTL_SECONDS = 7 * 86400
 
 _Writes = list[Callable[[Any], Any]]
@@ -81,7 +86,9 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._reclaimer: asyncio.Task[None] | None = None
+        self._reclaimed = 0.0
+        self._locks: dict[str, _DestLock] = {}
         self._backlog: set[str] = set()
         self._next_send: dict[str, float] = {}
         self._done_id = (0, 0)
@@ -108,11 +115,12 @@ class Dispatcher:
     async def stop(self) -> None:
         """Stop dispatching and give the lease back, so another replica takes over at once."""
         self._stopping = True
-        tasks = [t for t in (self._task, self._keepalive, *self._workers.values()) if t]
+        tasks = [t for t in (self._task, self._keepalive, self._reclaimer,
+                             *self._workers.values()) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._task = self._keepalive = None
+        self._task = self._keepalive = self._reclaimer = None
         self._workers.clear()
         if self._holding:
             self._holding = False
@@ -228,11 +236,22 @@ class Dispatcher:
                 break
             await self._dispatch(entries, replay=True)
             last = str(entries[-1][0])
-        for dest in await self._redis.smembers(self._keys.dests):
-            name = str(dest)
-            if await self._redis.llen(self._keys.queue(name)):
-                self._backlog.add(name)
-                self._ensure_worker(name)
+        await self._outbox.take_over_stats()
+        await self._resume([str(d) for d in await self._redis.smembers(self._keys.dests)])
+
+    async def _resume(self, dests: Sequence[str]) -> None:
+        """Start a retry worker for each of ``dests`` that has a queue (one pipeline)."""
+        fresh = [d for d in dests if d not in self._backlog]
+        for i in range(0, len(fresh), 1000):
+            chunk = fresh[i:i + 1000]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for dest in chunk:
+                    pipe.llen(self._keys.queue(dest))
+                lengths = await pipe.execute()
+            for dest, n in zip(chunk, lengths, strict=True):
+                if n:
+                    self._backlog.add(dest)
+                    self._ensure_worker(dest)
 
     async def _housekeeping(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -241,13 +260,39 @@ class Dispatcher:
         self._housekept = now
         raw = await self._redis.hgetall(self._keys.blocked)
         self._outbox.blocked = {str(k): str(v) for k, v in raw.items()}
-        if self._holding:
-            # Dead letters re-queued by `bpgw outbox retry` (another process) land here.
-            for dest in await self._redis.smembers(self._keys.dests):
-                name = str(dest)
-                if name not in self._backlog and await self._redis.llen(self._keys.queue(name)):
-                    self._backlog.add(name)
-                    self._ensure_worker(name)
+        # The in-process tables keep only destinations being worked on.
+        self._next_send = {d: t for d, t in self._next_send.items() if t > now}
+        for dest in [d for d, task in self._workers.items() if task.done()]:
+            del self._workers[dest]
+        if not self._holding:
+            return
+        # Dead letters re-queued by `bpgw outbox retry` (another process) name their
+        # destination in `wake`: only those are looked at, not every destination.
+        woken: Any = await self._redis.spop(self._keys.wake, WAKE_BATCH)
+        if woken:
+            await self._resume([str(d) for d in woken])
+        idle = self._s.idle_destination_seconds
+        if now - self._reclaimed >= min(60.0, idle / 4) and (
+                self._reclaimer is None or self._reclaimer.done()):
+            self._reclaimed = now
+            self._reclaimer = asyncio.create_task(self._reclaim(), name="bpgw-outbox-reclaim")
+
+    async def _reclaim(self) -> None:
+        """Forget destinations idle for ``idle_destination_seconds`` with nothing queued or
+        dead-lettered (their registry entry, dead-letter counter, empty stream), a batch at
+        a time, beside the dispatching: the registry and the stats hash stay as small as
+        the destinations recently in trouble, whatever names hostile input brings."""
+        try:
+            while self._holding and not self._stopping:
+                cutoff = time.time() - self._s.idle_destination_seconds
+                idle = await self._outbox.idle(cutoff, RECLAIM_BATCH)
+                for dest in idle:
+                    async with self._lock(dest):  # no delivery to it meanwhile
+                        await self._outbox.forget_idle(dest, cutoff)
+                if len(idle) < RECLAIM_BATCH:
+                    return
+        except RedisError as exc:  # the next run tries again
+            log.warning("could not forget idle destinations: %s", exc)
 
     # -- dispatching a batch -----------------------------------------------------------
 
@@ -280,11 +325,22 @@ class Dispatcher:
             self._done_id = max(self._done_id, _id_key(ids[-1]))
             self._progress.notify_all()
 
-    def _lock(self, dest: str) -> asyncio.Lock:
-        lock = self._locks.get(dest)
-        if lock is None:
-            lock = self._locks[dest] = asyncio.Lock()
-        return lock
+    @asynccontextmanager
+    async def _lock(self, dest: str) -> AsyncIterator[None]:
+        """Hold ``dest``'s lock (one delivery pass per destination at a time). It lives
+        while someone holds or waits for it, so the table stays as small as the
+        destinations being worked on."""
+        entry = self._locks.get(dest)
+        if entry is None:
+            entry = self._locks[dest] = _DestLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if not entry.users:
+                del self._locks[dest]
 
     async def _to_dest(self, dest: str, items: list[Item], replay: bool, writes: _Writes
                        ) -> None:
@@ -447,7 +503,7 @@ class Dispatcher:
         if keep:
             head = keep[0]
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.sadd(self._keys.dests, dest)
+                self._outbox.touch(pipe, dest)
                 pipe.rpush(queue, *(i.to_json() for i in keep))
                 if head.error:
                     pipe.hset(self._keys.blocked, dest, _why(head))
@@ -461,12 +517,9 @@ class Dispatcher:
 
     async def _bury(self, dest: str, item: Item) -> None:
         """Dead-letter one item: kept (bounded per destination), counted, sender told."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(self._keys.dests, dest)
-            pipe.xadd(self._keys.dead(dest), {"m": item.to_json(), "at": time.time()},
-                      maxlen=self._s.dead_letter_max, approximate=False)
-            pipe.hincrby(self._keys.stats, f"dead:{dest}", 1)
-            await pipe.execute()
+        await self._redis.xadd(self._keys.dead(dest), {"m": item.to_json(), "at": time.time()},
+                               maxlen=self._s.dead_letter_max, approximate=False)
+        await self._outbox.count_dead(dest, self._s.stats_destinations)
         if self._metrics is not None:
             self._metrics.dead_lettered(dest)
         log.error("dead-lettered after %d attempt(s): %s", item.attempts, item.error,
@@ -497,7 +550,10 @@ class Dispatcher:
                     raws = await self._redis.lrange(queue, 0, self._s.batch - 1)
                     if not raws:
                         self._backlog.discard(dest)
-                        await self._redis.hdel(self._keys.blocked, dest)
+                        async with self._redis.pipeline(transaction=False) as pipe:
+                            pipe.hdel(self._keys.blocked, dest)
+                            pipe.zadd(self._keys.seen, {dest: time.time()})
+                            await pipe.execute()
                         return
                 items = [Item.from_json(raw) for raw in raws]
                 wait = items[0].next_at - time.time()
@@ -530,6 +586,14 @@ class Dispatcher:
             except Exception as exc:  # Redis outage: wait and try again
                 log.warning("retry queue of %s: %s", dest, exc)
                 await asyncio.sleep(1.0)
+
+
+@dataclass
+class _DestLock:
+    """One destination's lock and how many hold or wait for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 def _why(item: Item) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,54 @@ _to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 STATS_MAX_DESTINATIONS = 1000
 """Destinations ``Outbox.stats`` reads at most (status, health and metrics stay bounded)."""
+LIST_CHUNK = 100
+"""Destinations (or dead letters) read or removed per round trip when listing or taking."""
+DEAD_TOTAL = "dead"
+"""Field of the stats hash counting every dead letter ever (exact, whatever the detail)."""
+
+# KEYS stats, dests, seen. ARGV destination, now, per-destination counters kept at most.
+# Counts one dead letter: in the total always, in the destination's own counter when it
+# has one or there is room for it (so the hash holds at most that many + the total).
+_COUNT_DEAD = """
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('HINCRBY', KEYS[1], '""" + DEAD_TOTAL + """', 1)
+local field = 'dead:' .. ARGV[1]
+if redis.call('HEXISTS', KEYS[1], field) == 1 or
+    redis.call('HLEN', KEYS[1]) <= tonumber(ARGV[3]) then
+  redis.call('HINCRBY', KEYS[1], field, 1)
+end
+"""
+
+# KEYS stats, dests, seen, blocked. ARGV destination, cutoff. Forgets a destination whose
+# last activity is still before the cutoff (nothing touched it since it was found idle).
+_FORGET = """
+local at = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if at and tonumber(at) > tonumber(ARGV[2]) then return 0 end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[1], 'dead:' .. ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return 1
+"""
+
+# KEYS a dead-letter stream. Deletes it when it is empty (XDEL leaves an empty stream).
+_DROP_EMPTY = """
+if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS stats. A stats hash written before the total was kept: the total is the sum of the
+# per-destination counters (then all of them; from now on at most the bound).
+_TAKE_OVER_TOTAL = """
+if redis.call('HEXISTS', KEYS[1], '""" + DEAD_TOTAL + """') == 1 then return 0 end
+local flat, total = redis.call('HGETALL', KEYS[1]), 0
+for i = 1, #flat, 2 do
+  if string.sub(flat[i], 1, 5) == 'dead:' then total = total + tonumber(flat[i + 1]) end
+end
+redis.call('HSET', KEYS[1], '""" + DEAD_TOTAL + """', total)
+return total
+"""
 
 Delivery = tuple[str, str, str, str, str]
 """One destination of a journal entry: transport, channel, thread, recipient, reply_to."""
@@ -46,8 +95,10 @@ class OutboxKeys:
         p = "{" + namespace + "}:ob:"
         self.journal = p + "j"  # stream, same slot as the conversations
         self.dests = p + "dests"  # set of destinations with a retry queue or dead letters
+        self.seen = p + "seen"  # zset destination (of dests) -> its last activity
+        self.wake = p + "wake"  # set of destinations re-queued by `bpgw outbox retry`
         self.blocked = p + "blocked"  # hash destination -> why it is not being delivered
-        self.stats = p + "stats"  # hash: dead:<dest>, dropped:<dest> counters
+        self.stats = p + "stats"  # hash: dead (the total), dead:<dest> (bounded) counters
 
     # Per-destination keys carry a hash tag of their own (state/keys.py), so a Redis
     # Cluster spreads them over its shards.
@@ -254,6 +305,10 @@ class Outbox:
         # Destinations known to be blocked (full inbox, failing), refreshed from Redis by
         # the dispatcher loop of every replica: what a sender is warned about.
         self.blocked: dict[str, str] = {}
+        self._count_dead = redis.register_script(_COUNT_DEAD)
+        self._forget = redis.register_script(_FORGET)
+        self._drop_empty = redis.register_script(_DROP_EMPTY)
+        self._take_over_total = redis.register_script(_TAKE_OVER_TOTAL)
 
     def adapter(self, transport: str) -> Adapter | None:
         """The adapter of that transport name, if it is enabled."""
@@ -292,6 +347,56 @@ class Outbox:
         done = await self._enqueue_once(keys=[marker, self.keys.journal], args=[member, *entries])
         return bool(done)
 
+    # -- destinations with queues or dead letters ----------------------------------------
+
+    def touch(self, pipe: Any, dest: str) -> None:
+        """Add to ``pipe``: ``dest`` has a queue or dead letters, and was active now."""
+        pipe.sadd(self.keys.dests, dest)
+        pipe.zadd(self.keys.seen, {dest: time.time()})
+
+    async def count_dead(self, dest: str, detail_max: int) -> None:
+        """Count one dead letter of ``dest``: in the total, and in the destination's own
+        counter while at most ``detail_max`` destinations have one."""
+        k = self.keys
+        await self._count_dead(keys=[k.stats, k.dests, k.seen],
+                               args=[dest, time.time(), detail_max])
+
+    async def idle(self, older_than: float, limit: int) -> list[str]:
+        """Up to ``limit`` destinations not active since ``older_than`` (epoch seconds)."""
+        return [_text(d) for d in await self.redis.zrangebyscore(
+            self.keys.seen, "-inf", older_than, start=0, num=limit)]
+
+    async def forget_idle(self, dest: str, older_than: float) -> bool:
+        """Forget ``dest`` (its registry entry, counter, blocked reason, empty dead-letter
+        stream) when nothing is queued or dead-lettered for it and it was not active since
+        ``older_than``; else only note it as active now. True when forgotten.
+
+        The caller makes sure nothing is delivered to ``dest`` meanwhile (the dispatcher
+        holds its lock); ``retry`` queues before it marks the destination, so a re-sent
+        dead letter is either seen here or marks the destination again after."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.llen(k.queue(dest))
+            pipe.xlen(k.dead(dest))
+            queued, dead = await pipe.execute()
+        if queued or dead:
+            await self.redis.zadd(k.seen, {dest: time.time()})
+            return False
+        if not await self._forget(keys=[k.stats, k.dests, k.seen, k.blocked],
+                                  args=[dest, older_than]):
+            return False
+        await self._drop_empty(keys=[k.dead(dest)])
+        return True
+
+    async def take_over_stats(self) -> None:
+        """Note every registered destination as active now and keep the dead-letter total,
+        for a namespace an earlier version wrote (idempotent; O(destinations) the first time)."""
+        await self._take_over_total(keys=[self.keys.stats])
+        dests = [_text(d) for d in await self.redis.smembers(self.keys.dests)]
+        if dests:
+            now = time.time()
+            await self.redis.zadd(self.keys.seen, dict.fromkeys(dests, now), nx=True)
+
     # -- echoes ------------------------------------------------------------------------
 
     async def is_echo(self, transport: str, native_id: str | None) -> bool:
@@ -313,8 +418,10 @@ class Outbox:
         """Depth and dead letters, for status, health and metrics.
 
         ``journal`` entries not yet dispatched; ``queued`` deliveries awaiting a retry
-        per destination; ``dead_letters`` kept per destination; ``dead_lettered`` ever
-        counted per destination; ``blocked`` destinations with the reason;
+        per destination; ``dead_letters`` kept per destination; ``dead_lettered_total``
+        every dead letter ever (exact), ``dead_lettered`` the same per destination, for
+        at most ``[outbox] stats_destinations`` destinations (the first ones, until an
+        idle one is forgotten); ``blocked`` destinations with the reason;
         ``destinations`` how many have a queue or dead letters. At most
         ``max_destinations`` of them are read (bounded work however many there are).
         """
@@ -347,12 +454,15 @@ class Outbox:
             for name, n in counters.items()
             if _text(name).startswith("dead:")
         }
+        # A hash from before the total was kept: its counters were all there was.
+        ever_total = counters.get(DEAD_TOTAL, counters.get(DEAD_TOTAL.encode()))
         return {
             "journal": journal,
             "destinations": total,
             "queued": queued,
             "dead_letters": dead,
             "dead_lettered": ever,
+            "dead_lettered_total": sum(ever.values()) if ever_total is None else int(ever_total),
             "blocked": {_text(a): _text(b) for a, b in blocked.items()},
         }
 
@@ -361,13 +471,18 @@ class Outbox:
         dests = [dest] if dest else sorted(_text(d) for d in await self.redis.smembers(
             self.keys.dests))
         found: list[DeadLetter] = []
-        for d in dests:
-            rows: Any = await self.redis.xrange(self.keys.dead(d), count=limit - len(found))
-            for sid, fields in rows:
-                item = Item.from_json(fields["m"])
-                found.append(DeadLetter(_text(sid), d, item, float(fields.get("at", 0.0))))
-            if len(found) >= limit:
-                break
+        for i in range(0, len(dests), LIST_CHUNK):  # a round trip per chunk of destinations
+            chunk = dests[i:i + LIST_CHUNK]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for d in chunk:
+                    pipe.xrange(self.keys.dead(d), count=limit - len(found))
+                streams: list[Any] = await pipe.execute()
+            for d, rows in zip(chunk, streams, strict=True):
+                for sid, fields in rows:
+                    item = Item.from_json(fields["m"])
+                    found.append(DeadLetter(_text(sid), d, item, float(fields.get("at", 0.0))))
+                if len(found) >= limit:
+                    return found[:limit]
         return found
 
     async def _take(self, ids: Sequence[str], dest: str | None) -> list[DeadLetter]:
@@ -375,8 +490,11 @@ class Outbox:
         letters = await self.dead_letters(dest, limit=100_000)
         wanted = set(ids)
         chosen = [dl for dl in letters if not wanted or dl.id in wanted]
-        for dl in chosen:
-            await self.redis.xdel(self.keys.dead(dl.dest), dl.id)
+        for i in range(0, len(chosen), LIST_CHUNK):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for dl in chosen[i:i + LIST_CHUNK]:
+                    pipe.xdel(self.keys.dead(dl.dest), dl.id)
+                await pipe.execute()
         return chosen
 
     async def retry(self, ids: Sequence[str], dest: str | None = None) -> int:
@@ -402,9 +520,12 @@ class Outbox:
                 ),
                 item.sender_at,
             )
+            # Queued before it is marked: a destination forgotten meanwhile as idle is
+            # marked again after (see forget_idle).
+            await self.redis.rpush(self.keys.queue(dl.dest), fresh.to_json())
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.sadd(self.keys.dests, dl.dest)
-                pipe.rpush(self.keys.queue(dl.dest), fresh.to_json())
+                self.touch(pipe, dl.dest)
+                pipe.sadd(self.keys.wake, dl.dest)
                 await pipe.execute()
         if taken:
             log.info("re-queued %d dead letter(s)", len(taken))
