@@ -226,6 +226,11 @@ async def test_half_written_and_malformed_files(
         fix = root / "tasks" / "task-x2" / "conversation" / f"002-{conv(ME)}.txt"
         await eventually(fix.exists)
         assert "@Name" in read_message(fix)["Content"]
+        # A malformed bot-protocol block: the gateway's notice is the next turn there.
+        peer.next_turn("x3", ME, f"```\n[REQUEST → @Lotbot]\nFrom: {PEER}\nTask: no id\n```")
+        notice = root / "tasks" / "task-x3" / "conversation" / f"002-{conv(ME)}.txt"
+        await eventually(notice.exists)
+        assert "RequestId" in read_message(notice)["Content"]
         assert await chat.receive(wait=0.2) == []
 
 
