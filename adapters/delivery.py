@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 # Parts already posted of messages whose later part failed (the oldest are forgotten).
@@ -66,3 +66,22 @@ class Background:
         """Cancel whatever is still running (on stop)."""
         for task in list(self._tasks):
             task.cancel()
+
+
+def reaction_for(outcome: str, accepted: str, refused: str) -> str | None:
+    """The reaction a chat transport puts on a message the gateway handled: ``accepted``
+    on an accepted block, ``refused`` on a malformed or rejected one, none otherwise."""
+    if outcome == "accepted":
+        return accepted
+    return refused if outcome in ("malformed", "rejected") else None
+
+
+async def settle(tasks: Iterable[asyncio.Task[Any] | None], grace: float) -> None:
+    """Let ``tasks`` finish for up to ``grace`` seconds, then cancel what still runs (a
+    transport stopping: the message in hand is done, the rest is caught up next time)."""
+    running = [t for t in tasks if t is not None and not t.done()]
+    if running:
+        _, pending = await asyncio.wait(running, timeout=grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

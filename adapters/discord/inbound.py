@@ -25,6 +25,7 @@ import discord
 
 from adapters.attachments import NotReadable, TextFile, read_text_files
 from adapters.base import Author, Cursors, Disposition, Envelope, GatewaySink
+from adapters.delivery import settle
 from adapters.discord.settings import DiscordSettings
 
 log = logging.getLogger("bpgw.adapters.discord")
@@ -318,12 +319,7 @@ class Inbound:
             self._catching_up.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._catching_up
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await settle([lane.task for lane in self._lanes.values()], grace)
         self._lanes.clear()
 
     def lanes(self) -> int:

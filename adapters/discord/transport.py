@@ -39,7 +39,7 @@ from adapters.base import (
     Receipt,
 )
 from adapters.chunking import split_message
-from adapters.delivery import Background, PartialSends
+from adapters.delivery import Background, PartialSends, reaction_for
 from adapters.discord.commands import protocol_group
 from adapters.discord.inbound import Inbound, roles_of
 from adapters.discord.render import embed, markdown
@@ -50,8 +50,6 @@ log = logging.getLogger("bpgw.adapters.discord")
 MESSAGE_MAX = 2000
 ACCEPTED_REACTION = "✅"
 REFUSED_REACTION = "❌"
-REACTIONS = {"accepted": ACCEPTED_REACTION, "malformed": REFUSED_REACTION,
-             "rejected": REFUSED_REACTION}
 # Discord wants an interaction answered within 3 s; slower commands are deferred first.
 ANSWER_WITHIN_SECONDS = 2.5
 # How long stop() lets each channel finish the message in hand.
@@ -312,7 +310,7 @@ class DiscordAdapter(Adapter):
     # -- reactions -------------------------------------------------------------------
 
     async def _react(self, message: discord.Message, disposition: Disposition) -> None:
-        emoji = REACTIONS.get(disposition.outcome)
+        emoji = reaction_for(disposition.outcome, ACCEPTED_REACTION, REFUSED_REACTION)
         if not self.settings.reactions or emoji is None:
             return
         # In the background: a rate-limited reaction must not hold up the channel.
