@@ -350,7 +350,9 @@ class AinetAdapter(Adapter):
                 SessionState.DONE if slot is SlotKind.RESPONSE else SessionState.PENDING),
         )
         limit = self.settings.max_message_bytes - _TYPE_LINE_ROOM
-        if any(len(render_file(m).encode()) > limit for m in plan.messages):
+        fits = (limit - _HEADER_ROOM) // 4  # content this short always fits (UTF-8: 4 B/char)
+        if any(len(m.content) > fits and len(render_file(m).encode()) > limit
+               for m in plan.messages):
             # One block longer than a file may be: it never fits, and nothing is written.
             raise DeliveryError(f"can't write to {message.address}: a block of it is over "
                                 f"max_message_bytes ({self.settings.max_message_bytes})",
@@ -362,6 +364,8 @@ class AinetAdapter(Adapter):
         except UnsafeNameError as exc:
             raise DeliveryError(f"can't write to {message.address}: {exc}",
                                 code="bad_address") from None
+        except UnicodeError as exc:  # (lone surrogates can't be written as UTF-8)
+            raise DeliveryError(f"the text can't be written as UTF-8: {exc}") from None
         except OSError as exc:
             raise DeliveryError(f"workspace write failed: {exc}", retry_after=1.0) from None
         self._written += outcome.written
