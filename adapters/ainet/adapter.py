@@ -351,7 +351,8 @@ class AinetAdapter(Adapter):
         )
         limit = self.settings.max_message_bytes - _TYPE_LINE_ROOM
         fits = (limit - _HEADER_ROOM) // 4  # content this short always fits (UTF-8: 4 B/char)
-        if any(len(m.content) > fits and len(render_file(m).encode()) > limit
+        if any(len(m.content) > fits
+               and len(render_file(m).encode("utf-8", "surrogatepass")) > limit
                for m in plan.messages):
             # One block longer than a file may be: it never fits, and nothing is written.
             raise DeliveryError(f"can't write to {message.address}: a block of it is over "
