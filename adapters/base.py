@@ -211,6 +211,14 @@ class CommandRequest:
         return f"{self.transport}:{self.author.id}"
 
 
+def split_command_words(words: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """The words after ``/protocol`` as (command, args): the command lower-cased,
+    ``help`` when there is none. Every transport's command parsing ends here."""
+    if not words:
+        return ("help", ())
+    return (words[0].lower(), tuple(words[1:]))
+
+
 @dataclass(frozen=True)
 class CommandResult:
     """A platform-neutral command answer: a title, key/value fields and a table."""

@@ -63,6 +63,16 @@ def segments(text: str) -> Iterator[tuple[str, bool]]:
         i = end + 1
 
 
+def block_body(block: str) -> str | None:
+    """The lines inside a whole fenced block (as ``segments`` yields it), without the
+    fences; None when ``block`` is not one (an unterminated fence)."""
+    lines = block.splitlines(keepends=True)
+    width = _opener_width(lines[0]) if lines else 0
+    if not width or len(lines) < 2 or not _closes(lines[-1], width):
+        return None
+    return "".join(lines[1:-1])
+
+
 def header_line(block: str) -> str:
     """The first non-empty line inside a fenced block (``[RESPONSE → @Lotbot]``)."""
     for line in block.splitlines()[1:]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from adapters.base import CommandRequest, CommandResult
+from adapters.base import CommandRequest, CommandResult, split_command_words
 from gateway.agents import AgentDirectory, LearnedName
 from gateway.config import GatewayConfig
 from gateway.notices import format_duration
@@ -63,10 +63,7 @@ def parse_command(text: str, prefix: str) -> tuple[str, tuple[str, ...]] | None:
     rest = stripped[len(prefix) :]
     if rest and not rest[0].isspace():
         return None  # "/protocolx" is not ours
-    words = rest.split()
-    if not words:
-        return ("help", ())
-    return (words[0].lower(), tuple(words[1:]))
+    return split_command_words(rest.split())
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""Contract harness of the ``telegram`` transport: the real python-telegram-bot against the
+emulator in tests/telegram_emulator.py; ``Peer`` is the emulator's ``peer`` bot posting in
+the forum supergroup ``ops``. Telegram never shows a bot its own messages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from adapters.base import HealthState
+from gateway.app import Gateway
+
+from contract_harness import TRANSPORT, Harness, Posted, register_harness
+from telegram_emulator import OPS, TOKEN, USERS, TelegramEmulator, as_fenced
+
+RETRY_AFTER = 45.0
+
+
+def telegram_options(emulator: TelegramEmulator, **extra: Any) -> dict[str, Any]:
+    """Options of a telegram transport talking to ``emulator`` (short polls: fast stops)."""
+    os.environ["NO_PROXY"] = "127.0.0.1"  # httpx honours proxy variables
+    return {
+        "token": TOKEN,
+        "api_base_url": emulator.api_base_url,
+        "file_base_url": emulator.file_base_url,
+        "poll_timeout_seconds": 1,
+        "request_timeout_seconds": 5,
+        **extra,
+    }
+
+
+async def wait_up(gateway: Gateway, name: str = TRANSPORT) -> None:
+    """Until the transport ``name`` is up (a lease-run one: once the keeper started it)."""
+    adapter = gateway.adapters[name]
+    for _ in range(500):
+        if adapter.health().state is HealthState.UP:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"transport {name} not up: {adapter.health()}")
+
+
+class TelegramHarness:
+    """Drives the emulated supergroup ``ops``."""
+
+    kind = "telegram"
+    max_length = 4096
+    echoes_own_posts = False
+
+    def __init__(self, emulator: TelegramEmulator) -> None:
+        self.emulator = emulator
+        self.channel = str(OPS)
+        self.peer = str(USERS["peer"]["id"])
+
+    def options(self) -> dict[str, Any]:
+        return telegram_options(self.emulator)
+
+    def peer_agent(self) -> dict[str, Any]:
+        return {"addresses": [f"{TRANSPORT}:{self.channel}"],
+                "identities": [f"{TRANSPORT}:{self.peer}"]}
+
+    async def connected(self, gateway: Gateway) -> None:
+        await wait_up(gateway)
+
+    async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
+        for name, content in files or ((None, None),):
+            document = (name, content) if name is not None and content is not None else None
+            await self.emulator.post("peer", text, chat=OPS, document=document)
+
+    async def posted(self) -> list[Posted]:
+        out = []
+        for message in self.emulator.by_bot(OPS):
+            if "document" in message:
+                name, data = self.emulator.files[message["document"]["file_id"]]
+                text = as_fenced(message.get("caption", ""), message.get("caption_entities", []))
+                out.append(Posted(text, ((name, data.decode()),)))
+            else:
+                out.append(Posted(as_fenced(message["text"], message.get("entities", []))))
+        return out
+
+    async def block(self, gateway: Gateway) -> tuple[str, float]:
+        self.emulator.rate_limit(OPS, RETRY_AFTER)
+        return "rate_limited", RETRY_AFTER
+
+
+@register_harness("telegram")
+@asynccontextmanager
+async def telegram_harness() -> AsyncIterator[Harness]:
+    """The emulator on 127.0.0.1 for one test."""
+    async with TelegramEmulator() as emulator:
+        yield TelegramHarness(emulator)
