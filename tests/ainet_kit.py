@@ -14,12 +14,11 @@ from typing import Any, TypeVar
 import aiohttp
 
 from adapters.ainet import AinetAdapter
-from adapters.http import HttpAdapter
 from gateway.app import Gateway
 from gateway.config import GatewayConfig
 from protocol import Message, parse, render
 
-from gwkit import make_config, running
+from gwkit import HttpAgent, http_url, make_config, running
 
 ME = "Device-bridgeAB12/网关"
 PEER = "Device-ABC123/智能体A"
@@ -74,37 +73,20 @@ async def ingested(gateway: Gateway, rel: str, within: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-class Chat:
+class Chat(HttpAgent):
     """Lotbot on the HTTP API: posts blocks, reads its inbox."""
 
     def __init__(self, gateway: Gateway, http: aiohttp.ClientSession) -> None:
-        web = gateway.adapters["web"]
-        assert isinstance(web, HttpAdapter)
-        self.base = web.url
-        self.http = http
-        self.auth = {"Authorization": f"Bearer {TOKEN}"}
-        self.last: str | None = None
+        super().__init__(http_url(gateway, "web"), "Lotbot", TOKEN, http)
 
     async def post(self, msg: Message) -> dict[str, Any]:
-        async with self.http.post(f"{self.base}/v1/messages", json={"text": render(msg)},
-                                  headers=self.auth) as resp:
-            body: dict[str, Any] = await resp.json()
+        body = await self.post_text(render(msg))
         assert body["outcome"] == "accepted", body
         return body
 
     async def receive(self, wait: float = 10.0) -> list[Message]:
         """The next protocol messages in Lotbot's inbox (acknowledging the previous ones)."""
-        params = {"wait": str(wait)}
-        if self.last:
-            params["ack"] = self.last
-        async with self.http.get(f"{self.base}/v1/agents/Lotbot/inbox", params=params,
-                                 headers=self.auth) as resp:
-            body = await resp.json()
-        got: list[Message] = []
-        for item in body["messages"]:
-            self.last = item["id"]
-            got += parse(item["text"]).messages
-        return got
+        return [m for text in await self.take(wait) for m in parse(text).messages]
 
     async def one(self) -> Message:
         got = await self.receive()

@@ -95,3 +95,61 @@ async def healthy(base: str, proc: asyncio.subprocess.Process, seconds: float = 
                 pass
             await asyncio.sleep(0.1)
     return False
+
+
+QUICK_RETRIES: dict[str, Any] = {
+    "outbox": {"backoff_base_seconds": 0.05, "backoff_max_seconds": 0.2},
+    "replicas": {"lease_seconds": 2},
+}
+"""Config sections for transport tests: fast outbox retries, short transport leases."""
+
+
+async def wait_up(gateway: Gateway, name: str) -> None:
+    """Until transport ``name`` is up (a lease-run one: once the lease keeper started it;
+    the keeper polls every fifth of ``lease_seconds``)."""
+    from adapters.base import HealthState
+
+    adapter = gateway.adapters[name]
+    for _ in range(500):
+        if adapter.health().state is HealthState.UP:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"transport {name} not up: {adapter.health()}")
+
+
+def http_url(gateway: Gateway, transport: str) -> str:
+    """The base URL of the gateway's http transport ``transport``."""
+    from adapters.http import HttpAdapter
+
+    adapter = gateway.adapters[transport]
+    assert isinstance(adapter, HttpAdapter)
+    return adapter.url
+
+
+class HttpAgent:
+    """An agent on the HTTP API (``docs/http-api.md``): posts text, long-polls its inbox,
+    acknowledging what it read on the next poll."""
+
+    def __init__(self, base: str, name: str, token: str, http: aiohttp.ClientSession) -> None:
+        self.base = base
+        self.name = name
+        self.http = http
+        self.auth = {"Authorization": f"Bearer {token}"}
+        self.last: str | None = None
+
+    async def post_text(self, text: str) -> dict[str, Any]:
+        """``POST /v1/messages``; the disposition."""
+        async with self.http.post(f"{self.base}/v1/messages", json={"text": text},
+                                  headers=self.auth) as resp:
+            body: dict[str, Any] = await resp.json()
+            return body
+
+    async def take(self, wait: float) -> list[str]:
+        """One poll of the inbox (up to ``wait`` seconds): the texts, oldest first."""
+        params = {"wait": str(wait), **({"ack": self.last} if self.last else {})}
+        async with self.http.get(f"{self.base}/v1/agents/{self.name}/inbox", params=params,
+                                 headers=self.auth) as resp:
+            messages = (await resp.json())["messages"]
+        if messages:
+            self.last = messages[-1]["id"]
+        return [m["text"] for m in messages]

@@ -3,18 +3,17 @@ emulator in tests/discord_emulator.py; ``Peer`` is the emulator's ``peer`` bot."
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 
-from adapters.base import HealthState
 from gateway.app import Gateway
 
 from contract_harness import TRANSPORT, Harness, Posted, register_harness
 from discord_emulator import TOKEN, DiscordEmulator
+from gwkit import wait_up
 
 RETRY_AFTER = 45.0  # over max_ratelimit_seconds: discord.py hands it to us
 
@@ -30,16 +29,6 @@ def discord_options(emulator: DiscordEmulator, **extra: Any) -> dict[str, Any]:
         "ready_timeout_seconds": 10,
         **extra,
     }
-
-
-async def wait_up(gateway: Gateway, name: str = TRANSPORT) -> None:
-    """Until the lease-run transport ``name`` is up (the lease keeper starts it)."""
-    adapter = gateway.adapters[name]
-    for _ in range(500):  # the lease keeper polls every fifth of lease_seconds
-        if adapter.health().state is HealthState.UP:
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"transport {name} not up: {adapter.health()}")
 
 
 class DiscordHarness:
@@ -62,7 +51,7 @@ class DiscordHarness:
                 "identities": [f"{TRANSPORT}:{self.peer}"]}
 
     async def connected(self, gateway: Gateway) -> None:
-        await wait_up(gateway)
+        await wait_up(gateway, TRANSPORT)
 
     async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
         await self.emulator.post("peer", text, files=files)

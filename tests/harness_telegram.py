@@ -4,16 +4,15 @@ the forum supergroup ``ops``. Telegram never shows a bot its own messages."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from adapters.base import HealthState
 from gateway.app import Gateway
 
 from contract_harness import TRANSPORT, Harness, Posted, register_harness
+from gwkit import wait_up
 from telegram_emulator import OPS, TOKEN, USERS, TelegramEmulator, as_fenced
 
 RETRY_AFTER = 45.0
@@ -30,16 +29,6 @@ def telegram_options(emulator: TelegramEmulator, **extra: Any) -> dict[str, Any]
         "request_timeout_seconds": 5,
         **extra,
     }
-
-
-async def wait_up(gateway: Gateway, name: str = TRANSPORT) -> None:
-    """Until the transport ``name`` is up (a lease-run one: once the keeper started it)."""
-    adapter = gateway.adapters[name]
-    for _ in range(500):
-        if adapter.health().state is HealthState.UP:
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"transport {name} not up: {adapter.health()}")
 
 
 class TelegramHarness:
@@ -62,7 +51,7 @@ class TelegramHarness:
                 "identities": [f"{TRANSPORT}:{self.peer}"]}
 
     async def connected(self, gateway: Gateway) -> None:
-        await wait_up(gateway)
+        await wait_up(gateway, TRANSPORT)
 
     async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
         for name, content in files or ((None, None),):

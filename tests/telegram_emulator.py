@@ -143,7 +143,7 @@ class TelegramEmulator:
         self.can_read_all_group_messages = True
         self._runner: web.AppRunner | None = None
         self._ids = itertools.count(1)
-        self._update_ids = itertools.count(500_001)
+        self.next_update_id = 500_001
         self._changed = asyncio.Condition()
         self.updates: list[dict[str, Any]] = []  # not yet confirmed, in order
         self.fetched: Counter[int] = Counter()  # update id -> times getUpdates returned it
@@ -156,7 +156,14 @@ class TelegramEmulator:
         self.limits: dict[int, list[float]] = {}
         self.limited_at: list[tuple[int, float]] = []
         self.files_served = asyncio.Event()
-        self.files_served.set()  # set: files are served
+        self.files_served.set()  # clear: file downloads hang (the reader is stuck there)
+        self.file_requests = 0
+        self.polls_answered = asyncio.Event()
+        self.polls_answered.set()
+        # Set with polls_answered clear: a getUpdates confirming this update id (an offset
+        # past it) hangs before Telegram reads the offset.
+        self.hold_confirming: int | None = None
+        self.polls_waiting = 0
 
     async def __aenter__(self) -> TelegramEmulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -172,6 +179,7 @@ class TelegramEmulator:
 
     async def __aexit__(self, *exc: object) -> None:
         self.files_served.set()
+        self.polls_answered.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -219,9 +227,10 @@ class TelegramEmulator:
                                       "first_name": user["first_name"]})
         return int(user["id"])
 
-    def rate_limit(self, chat: int, *retry_after: float) -> None:
-        """The next sends into ``chat`` get a 429 each, with these ``retry_after``s."""
-        self.limits[chat] = list(retry_after)
+    def rate_limit(self, chat: int, *retry_after: float, after: int = 0) -> None:
+        """The next sends into ``chat`` get a 429 each, with these ``retry_after``s (the
+        first ``after`` sends still pass)."""
+        self.limits[chat] = [0.0] * after + list(retry_after)
 
     def by_bot(self, chat: int) -> list[dict[str, Any]]:
         """The bot's own messages in ``chat``, oldest first."""
@@ -274,7 +283,8 @@ class TelegramEmulator:
                 "mime_type": "text/plain", "file_size": len(data)}
 
     async def _add_update(self, message: dict[str, Any]) -> None:
-        self.updates.append({"update_id": next(self._update_ids), "message": message})
+        self.updates.append({"update_id": self.next_update_id, "message": message})
+        self.next_update_id += 1
         await self._notify()
 
     # -- the Bot API ---------------------------------------------------------------------
@@ -316,6 +326,10 @@ class TelegramEmulator:
         return _ok(True)
 
     async def _m_getUpdates(self, form: Any) -> web.Response:
+        if not self.polls_answered.is_set():
+            self.polls_waiting += 1
+            await self._notify()
+            await self.polls_answered.wait()
         if self.webhook is not None:
             return _error(409, "Conflict: can't use getUpdates method while webhook is active; "
                                "use deleteWebhook to delete the webhook first")
@@ -342,6 +356,8 @@ class TelegramEmulator:
         if not waits:
             return None
         wait = waits.pop(0)
+        if not wait:
+            return None
         self.limited_at.append((chat, time.time()))
         return web.json_response(
             {"ok": False, "error_code": 429,
@@ -416,6 +432,8 @@ class TelegramEmulator:
     async def _file(self, request: web.Request) -> web.Response:
         if request.match_info["token"] != TOKEN:
             return web.Response(status=401)
+        self.file_requests += 1
+        await self._notify()
         await self.files_served.wait()
         file_id = request.match_info["path"].removeprefix("documents/").split("_", 1)[0]
         if file_id not in self.files:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,15 +19,22 @@ import discord
 import pytest
 import redis.asyncio as aioredis
 
-from adapters.base import Address, ConfigError, DeliveryError, HealthState, Outbound
+from adapters.base import Address, ConfigError, HealthState, Outbound
 from adapters.discord import DiscordAdapter
 from adapters.discord.settings import DiscordSettings, load_settings
 from gateway.app import Gateway
 from protocol import build_request, parse, render, reply_response
 
+from chat_checks import (
+    options_are_documented,
+    probe_reports_refusals,
+    refusals_are_classified,
+    refused_token_leaves_it_down,
+    retried_parts_are_posted_once,
+)
 from discord_emulator import MESSAGE_CONTENT_INTENT, TOKEN, DiscordEmulator
-from gwkit import make_config, memory
-from harness_discord import discord_options, wait_up
+from gwkit import QUICK_RETRIES, make_config, memory, wait_up
+from harness_discord import discord_options
 from servers import PrivateValkey
 
 EPHEMERAL = 1 << 6
@@ -59,8 +65,7 @@ def start_gateway(
             agents={"Peer": {"addresses": [f"dc:{general}"],
                              "identities": [f"dc:{emulator.uid('peer')}"]}},
             permissions={"read": ["*"], "operators": ["role:dc:Ops"]},
-            outbox={"backoff_base_seconds": 0.05, "backoff_max_seconds": 0.2},
-            replicas={"lease_seconds": 2},
+            **QUICK_RETRIES,
         )
         gateway = Gateway(config)
         await gateway.start()
@@ -486,16 +491,9 @@ async def test_short_429_waited_out_by_the_library_long_one_to_the_outbox(
         emulator.rate_limit(general, 0.1)
         receipt = await adapter.send(Outbound(Address("dc", str(general)), "after a wait"))
         assert [m["id"] for m in emulator.by_bot(general)] == list(receipt.native_ids)
-        emulator.rate_limit(general, 120.0)
-        with pytest.raises(DeliveryError) as refused:
-            await adapter.send(Outbound(Address("dc", str(general)), "later"))
-        assert refused.value.code == "rate_limited" and refused.value.retry_after == 120.0
-        with pytest.raises(DeliveryError) as bad:
-            await adapter.send(Outbound(Address("dc", "general"), "x"))
-        assert bad.value.code == "bad_address"
-        with pytest.raises(DeliveryError) as unknown:
-            await adapter.send(Outbound(Address("dc", "12345"), "x"))
-        assert unknown.value.code == "not_found"
+        await refusals_are_classified(
+            adapter, str(general), rate_limit=lambda wait: emulator.rate_limit(general, wait),
+            not_a_channel="general", unknown="12345")
 
 
 async def test_a_retried_message_does_not_post_its_parts_twice(
@@ -503,17 +501,11 @@ async def test_a_retried_message_does_not_post_its_parts_twice(
 ) -> None:
     general = emulator.channels["general"]
     text = "\n".join(f"line {i} " + "w" * 90 for i in range(50))  # three messages
-    out = Outbound(Address("dc", str(general)), text, id="1700000000000-1")
     async with start_gateway() as gw:
-        adapter = gw.adapters["dc"]
-        emulator.rate_limit(general, None, 120.0)  # the second part is refused
-        with pytest.raises(DeliveryError):
-            await adapter.send(out)
-        assert len(emulator.by_bot(general)) == 1
-        receipt = await adapter.send(out)  # the outbox's retry
-        posted = emulator.by_bot(general)
-        assert [m["id"] for m in posted] == list(receipt.native_ids) and len(posted) == 3
-        assert "".join(m["content"] for m in posted) == text
+        await retried_parts_are_posted_once(
+            gw.adapters["dc"], str(general), text,
+            refuse_second_part=lambda: emulator.rate_limit(general, None, 120.0),
+            posted=lambda: [(m["id"], m["content"]) for m in emulator.by_bot(general)])
 
 
 async def test_stop_is_clean_and_a_second_session_can_start(
@@ -528,12 +520,8 @@ async def test_stop_is_clean_and_a_second_session_can_start(
 
 
 async def test_a_refused_token_leaves_the_transport_down(emulator: DiscordEmulator) -> None:
-    adapter = DiscordAdapter("dc", {**discord_options(emulator), "token": "x" * 30})
-    with pytest.raises(discord.LoginFailure):
-        await adapter.start(None)  # type: ignore[arg-type]
-    assert adapter.health().state is HealthState.DOWN
-    assert "token" in adapter.health().detail
-    await adapter.stop()
+    adapter = DiscordAdapter("dc", discord_options(emulator, token="x" * 30))
+    await refused_token_leaves_it_down(adapter, discord.LoginFailure)
 
 
 async def test_the_message_content_intent_not_enabled_says_how_to_fix_it(
@@ -569,16 +557,12 @@ async def test_probe_checks_the_token_and_the_intent(emulator: DiscordEmulator) 
     token, intent = await good.probe()
     assert token.ok and "bot" in token.detail and intent.ok
     assert ("GET", "/api/v10/users/@me") in emulator.requests
-    bad = DiscordAdapter("dc", {**discord_options(emulator), "token": "y" * 30})
-    [refused] = await bad.probe()
-    assert not refused.ok and "401" in refused.detail and refused.fix
     emulator.app_flags = 0
     _, missing = await good.probe()
     assert not missing.ok and "Message Content Intent" in missing.fix
-    unreachable = DiscordAdapter("dc", {**discord_options(emulator),
-                                        "api_base_url": "http://127.0.0.1:9/api/v10"})
-    [down] = await unreachable.probe()
-    assert not down.ok and "cannot reach" in down.detail
+    await probe_reports_refusals(lambda **o: DiscordAdapter("dc", discord_options(emulator, **o)),
+                                 token="y" * 30, api_base_url="http://127.0.0.1:9/api/v10",
+                                 refused="401")
 
 
 def test_options_name_the_key_and_the_token_comes_from_the_environment() -> None:
@@ -595,9 +579,4 @@ def test_options_name_the_key_and_the_token_comes_from_the_environment() -> None
 
 
 def test_every_option_is_documented() -> None:
-    root = Path(__file__).resolve().parent.parent
-    example = (root / "config.example.toml").read_text(encoding="utf-8")
-    docs = (root / "docs" / "discord.md").read_text(encoding="utf-8")
-    for key in DiscordSettings.model_fields:
-        assert re.search(rf"^# {key} = ", example, re.M), f"{key} not in config.example.toml"
-        assert f"| `{key}` |" in docs, f"{key} not in docs/discord.md"
+    options_are_documented(DiscordSettings, "discord.md")
