@@ -2,14 +2,12 @@
 
 Every transport runs the same contract checks against its real library and its emulator.
 To add a transport, write ``tests/harness_<kind>.py`` with a class implementing
-``Harness`` and register a factory for it::
+``Harness`` (a chat platform's may build on ``ChatHarness``) and register it::
 
-    @register_harness("telegram")
-    @asynccontextmanager
-    async def telegram_harness() -> AsyncIterator[Harness]:
-        async with TelegramEmulator() as emulator:   # the platform on 127.0.0.1
-            yield TelegramHarness(emulator)
+    register_emulated("telegram", TelegramEmulator, TelegramHarness)
 
+(the emulator on 127.0.0.1 runs for one test and the harness drives it), or register any
+factory of an async context manager yielding a ``Harness`` with ``register_harness``.
 ``load_harnesses`` imports every ``harness_*.py`` beside this file, so the suite picks it
 up without further edits. The suite runs a real gateway on real Redis with the transport
 under test as ``t`` and a memory transport ``side``; agent ``Peer`` is another bot on the
@@ -20,13 +18,15 @@ platform (its identity ``t:<peer>``, its address ``t:<channel>``), ``Mantis`` li
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.app import Gateway
+
+from gwkit import wait_up
 
 TRANSPORT = "t"
 """The name of the transport under test in the suite's config."""
@@ -79,6 +79,21 @@ class Harness(Protocol):
         (a 429, a full inbox); the ``DeliveryError`` code and least retry-after expected."""
 
 
+class ChatHarness:
+    """What chat-platform harnesses share: ``Peer`` is another bot posting in ``channel``
+    (its identity and address on transport ``t``), connected once ``t`` is up."""
+
+    channel: str
+    peer: str
+
+    def peer_agent(self) -> dict[str, Any]:
+        return {"addresses": [f"{TRANSPORT}:{self.channel}"],
+                "identities": [f"{TRANSPORT}:{self.peer}"]}
+
+    async def connected(self, gateway: Gateway) -> None:
+        await wait_up(gateway, TRANSPORT)
+
+
 HarnessFactory = Callable[[], AbstractAsyncContextManager[Harness]]
 
 HARNESSES: dict[str, HarnessFactory] = {}
@@ -92,6 +107,21 @@ def register_harness(name: str) -> Callable[[HarnessFactory], HarnessFactory]:
         return factory
 
     return decorate
+
+
+def register_emulated(
+    name: str, emulator: Callable[[], AbstractAsyncContextManager[Any]],
+    harness: Callable[[Any], Harness],
+) -> None:
+    """Register ``harness(emu)`` for a platform whose emulator runs for one test
+    (``async with emulator() as emu``)."""
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[Harness]:
+        async with emulator() as emu:
+            yield harness(emu)
+
+    HARNESSES[name] = factory
 
 
 def load_harnesses() -> Mapping[str, HarnessFactory]:

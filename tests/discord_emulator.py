@@ -15,16 +15,16 @@ visitor (``visitor``).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import WSMsgType, web
+
+from emukit import Watched
 
 TOKEN = "emulator-bot-token.0123456789"
 DISCORD_EPOCH_MS = 1420070400000
@@ -72,7 +72,7 @@ class Session:
                 self.ws = None
 
 
-class DiscordEmulator:
+class DiscordEmulator(Watched):
     """The platform: drive it (``post``, ``interact``, ``drop_connections``) and inspect it."""
 
     def __init__(self, *, heartbeat_ms: int = 1000, message_content_flag: bool = True) -> None:
@@ -102,9 +102,7 @@ class DiscordEmulator:
         self.resumes = 0
         self.intents: list[int] = []
         self.requests: list[tuple[str, str]] = []
-        self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
-        self.url = ""
+        super().__init__()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -127,20 +125,14 @@ class DiscordEmulator:
         r.add_post("/api/v10/interactions/{id}/{token}/callback", self._callback)
         r.add_post("/api/v10/webhooks/{app}/{token}", self._followup)
         r.add_get("/files/{name}", self._file)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        await self.serve(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         for session in self.sessions.values():
             if session.ws is not None:
                 await session.ws.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.close_server()
 
     @property
     def api_base_url(self) -> str:
@@ -309,17 +301,6 @@ class DiscordEmulator:
         """The bot's messages in a channel, oldest first."""
         return [m for m in self.messages.get(channel_id, [])
                 if m["author"]["id"] == self.uid("bot")]
-
-    async def wait_for(self, check: Callable[[], Any], timeout: float = 5.0) -> Any:  # noqa: ASYNC109
-        """Wait until ``check()`` is truthy (re-checked on every change) and return it."""
-        async with asyncio.timeout(timeout), self._changed:
-            while not (found := check()):
-                await self._changed.wait()
-            return found
-
-    async def _changed_now(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
 
     # -- REST ----------------------------------------------------------------------
 

@@ -3,17 +3,14 @@ emulator in tests/discord_emulator.py; ``Peer`` is the emulator's ``peer`` bot."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 
 from gateway.app import Gateway
 
-from contract_harness import TRANSPORT, Harness, Posted, register_harness
+from contract_harness import ChatHarness, Posted, register_emulated
 from discord_emulator import TOKEN, DiscordEmulator
-from gwkit import wait_up
 
 RETRY_AFTER = 45.0  # over max_ratelimit_seconds: discord.py hands it to us
 
@@ -31,7 +28,7 @@ def discord_options(emulator: DiscordEmulator, **extra: Any) -> dict[str, Any]:
     }
 
 
-class DiscordHarness:
+class DiscordHarness(ChatHarness):
     """Drives the emulated guild's ``general`` channel."""
 
     kind = "discord"
@@ -45,13 +42,6 @@ class DiscordHarness:
 
     def options(self) -> dict[str, Any]:
         return discord_options(self.emulator)
-
-    def peer_agent(self) -> dict[str, Any]:
-        return {"addresses": [f"{TRANSPORT}:{self.channel}"],
-                "identities": [f"{TRANSPORT}:{self.peer}"]}
-
-    async def connected(self, gateway: Gateway) -> None:
-        await wait_up(gateway, TRANSPORT)
 
     async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
         await self.emulator.post("peer", text, files=files)
@@ -72,9 +62,4 @@ class DiscordHarness:
         return "rate_limited", RETRY_AFTER
 
 
-@register_harness("discord")
-@asynccontextmanager
-async def discord_harness() -> AsyncIterator[Harness]:
-    """The emulator on 127.0.0.1 for one test."""
-    async with DiscordEmulator() as emulator:
-        yield DiscordHarness(emulator)
+register_emulated("discord", DiscordEmulator, DiscordHarness)

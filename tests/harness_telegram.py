@@ -5,14 +5,11 @@ the forum supergroup ``ops``. Telegram never shows a bot its own messages."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from gateway.app import Gateway
 
-from contract_harness import TRANSPORT, Harness, Posted, register_harness
-from gwkit import wait_up
+from contract_harness import ChatHarness, Posted, register_emulated
 from telegram_emulator import OPS, TOKEN, USERS, TelegramEmulator, as_fenced
 
 RETRY_AFTER = 45.0
@@ -31,27 +28,20 @@ def telegram_options(emulator: TelegramEmulator, **extra: Any) -> dict[str, Any]
     }
 
 
-class TelegramHarness:
+class TelegramHarness(ChatHarness):
     """Drives the emulated supergroup ``ops``."""
 
     kind = "telegram"
+    channel = str(OPS)
+    peer = str(USERS["peer"]["id"])
     max_length = 4096
-    echoes_own_posts = False
+    echoes_own_posts = False  # Telegram never shows a bot its own messages
 
     def __init__(self, emulator: TelegramEmulator) -> None:
         self.emulator = emulator
-        self.channel = str(OPS)
-        self.peer = str(USERS["peer"]["id"])
 
     def options(self) -> dict[str, Any]:
         return telegram_options(self.emulator)
-
-    def peer_agent(self) -> dict[str, Any]:
-        return {"addresses": [f"{TRANSPORT}:{self.channel}"],
-                "identities": [f"{TRANSPORT}:{self.peer}"]}
-
-    async def connected(self, gateway: Gateway) -> None:
-        await wait_up(gateway, TRANSPORT)
 
     async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
         for name, content in files or ((None, None),):
@@ -74,9 +64,4 @@ class TelegramHarness:
         return "rate_limited", RETRY_AFTER
 
 
-@register_harness("telegram")
-@asynccontextmanager
-async def telegram_harness() -> AsyncIterator[Harness]:
-    """The emulator on 127.0.0.1 for one test."""
-    async with TelegramEmulator() as emulator:
-        yield TelegramHarness(emulator)
+register_emulated("telegram", TelegramEmulator, TelegramHarness)

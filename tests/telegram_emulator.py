@@ -22,11 +22,12 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any
 
 from aiohttp import web
+
+from emukit import Watched
 
 TOKEN = "123456789:AAEmulatorTokenForBpgwTests_0123456"
 TOPIC = 77
@@ -135,16 +136,14 @@ def as_fenced(text: str, entities: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
-class TelegramEmulator:
+class TelegramEmulator(Watched):
     """The platform: drive it (``post``, ``rate_limit``, ``files_served``) and inspect it."""
 
     def __init__(self) -> None:
-        self.url = ""
+        super().__init__()
         self.can_read_all_group_messages = True
-        self._runner: web.AppRunner | None = None
         self._ids = itertools.count(1)
         self.next_update_id = 500_001
-        self._changed = asyncio.Condition()
         self.updates: list[dict[str, Any]] = []  # not yet confirmed, in order
         self.fetched: Counter[int] = Counter()  # update id -> times getUpdates returned it
         self.messages: dict[int, list[dict[str, Any]]] = {}
@@ -169,19 +168,13 @@ class TelegramEmulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/bot{token}/{method}", self._method)
         app.router.add_get("/file/bot{token}/{path:.+}", self._file)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        await self.serve(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.files_served.set()
         self.polls_answered.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.close_server()
 
     @property
     def api_base_url(self) -> str:
@@ -244,17 +237,6 @@ class TelegramEmulator:
     def reacted(self, message: dict[str, Any], emoji: str) -> bool:
         return (message["chat"]["id"], message["message_id"], emoji) in self.reactions
 
-    async def wait_for(self, check: Callable[[], Any], timeout: float = 5.0) -> Any:  # noqa: ASYNC109
-        """Wait until ``check()`` is truthy (re-checked on every change) and return it."""
-        async with asyncio.timeout(timeout), self._changed:
-            while not (found := check()):
-                await self._changed.wait()
-            return found
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
     # -- objects -----------------------------------------------------------------------
 
     def _message(self, user: dict[str, Any], chat: int, thread: int | None,
@@ -285,7 +267,7 @@ class TelegramEmulator:
     async def _add_update(self, message: dict[str, Any]) -> None:
         self.updates.append({"update_id": self.next_update_id, "message": message})
         self.next_update_id += 1
-        await self._notify()
+        await self._changed_now()
 
     # -- the Bot API ---------------------------------------------------------------------
 
@@ -302,7 +284,7 @@ class TelegramEmulator:
             response: web.Response = await handler(form)
         except ValueError as exc:
             response = _error(400, f"Bad Request: {exc}")
-        await self._notify()
+        await self._changed_now()
         return response
 
     async def _m_getMe(self, form: Any) -> web.Response:
@@ -328,7 +310,7 @@ class TelegramEmulator:
     async def _m_getUpdates(self, form: Any) -> web.Response:
         if not self.polls_answered.is_set():
             self.polls_waiting += 1
-            await self._notify()
+            await self._changed_now()
             await self.polls_answered.wait()
         if self.webhook is not None:
             return _error(409, "Conflict: can't use getUpdates method while webhook is active; "
@@ -433,7 +415,7 @@ class TelegramEmulator:
         if request.match_info["token"] != TOKEN:
             return web.Response(status=401)
         self.file_requests += 1
-        await self._notify()
+        await self._changed_now()
         await self.files_served.wait()
         file_id = request.match_info["path"].removeprefix("documents/").split("_", 1)[0]
         if file_id not in self.files:

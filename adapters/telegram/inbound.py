@@ -133,13 +133,25 @@ class Inbound:
         self.handled += 1
         return committed
 
-    async def on_message(self, update: Update, _: ContextTypes.DEFAULT_TYPE) -> None:
-        """A message (with or without a block): to the gateway pipeline."""
+    def _taken(self, update: Update) -> Message | None:
+        """The update's message if its chat is read (the update then counts as not yet
+        committed until its handler says otherwise)."""
         message = update.message
         if message is None or not self.wanted(message.chat_id):
+            return None
+        self._outcomes[update.update_id] = False
+        return message
+
+    def _origin(self, message: Message) -> dict[str, Any]:
+        """Transport, channel, thread and author of a message (envelope/command fields)."""
+        return {"transport": self._transport, "channel": str(message.chat_id),
+                "thread": thread_of(message), "author": author_of(message, self.me)}
+
+    async def on_message(self, update: Update, _: ContextTypes.DEFAULT_TYPE) -> None:
+        """A message (with or without a block): to the gateway pipeline."""
+        message = self._taken(update)
+        if message is None:
             return
-        uid = update.update_id
-        self._outcomes[uid] = False
         key = native_id(message.chat_id, message.message_id)
         try:
             text = await self.text_of(key, message)
@@ -147,43 +159,25 @@ class Inbound:
             log.warning("message %s not read yet: %s", key,
                         exc, extra={"transport": self._transport, "native_id": key})
             return
-        author = author_of(message, self.me)
-        envelope = Envelope(
-            transport=self._transport,
-            channel=str(message.chat_id),
-            thread=thread_of(message),
-            author=author,
-            text=text,
-            native_id=key,
-            at=message.date.timestamp(),
-        )
+        envelope = Envelope(**self._origin(message), text=text, native_id=key,
+                            at=message.date.timestamp())
         disposition = await self._sink.on_envelope(envelope)
-        self._outcomes[uid] = disposition.committed
+        self._outcomes[update.update_id] = disposition.committed
         if disposition.committed:
             self._attempts.pop(key, None)
-            if not author.is_self:
+            if not envelope.author.is_self:
                 self._react(message, disposition)
 
     async def on_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """``/protocol <command> [args]`` (``/protocol@bot`` in groups): run, answer in HTML."""
-        message = update.message
-        if message is None or not self.wanted(message.chat_id):
+        message = self._taken(update)
+        if message is None:
             return
-        uid = update.update_id
-        self._outcomes[uid] = False
         name, args = split_command_words(context.args or ())
-        author = author_of(message, self.me)
-        request = CommandRequest(
-            transport=self._transport,
-            channel=str(message.chat_id),
-            thread=thread_of(message),
-            author=author,
-            name=name,
-            args=args,
-        )
-        result = await self._sink.on_command(request)
+        result = await self._sink.on_command(
+            CommandRequest(**self._origin(message), name=name, args=args))
         # The command ran: confirm it even if the answer cannot be posted (it is logged).
-        self._outcomes[uid] = True
+        self._outcomes[update.update_id] = True
         await self._answer(message, result)
 
     # -- message text ---------------------------------------------------------------------

@@ -22,7 +22,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from telegram import (
@@ -54,8 +54,6 @@ from adapters.base import (
     Capabilities,
     CommandResult,
     DeliveryError,
-    Disposition,
-    GatewaySink,
     HealthState,
     Outbound,
     Probe,
@@ -70,6 +68,9 @@ from adapters.results import HTML, PLAIN, rich_text
 from adapters.telegram.inbound import AnyApp, CarriesBlock, Inbound, native_id, thread_of
 from adapters.telegram.settings import load_settings
 from adapters.telegram.text import escape, to_html
+
+if TYPE_CHECKING:
+    from adapters.base import Disposition, GatewaySink
 
 log = logging.getLogger("bpgw.adapters.telegram")
 
