@@ -39,8 +39,8 @@ from gateway.app import Gateway  # noqa: E402
 from protocol import build_request, build_response, render  # noqa: E402
 
 from discord_emulator import DiscordEmulator  # noqa: E402
-from gwkit import make_config, memory  # noqa: E402
-from harness_discord import discord_options, wait_up  # noqa: E402
+from gwkit import make_config, memory, wait_up  # noqa: E402
+from harness_discord import discord_options  # noqa: E402
 from servers import PrivateValkey  # noqa: E402
 
 
