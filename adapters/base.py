@@ -147,6 +147,10 @@ class Capabilities:
     # Every inbound native id is minted fresh by this process (the HTTP API): the platform
     # never shows one message twice, so the gateway skips the cross-replica inbound claim.
     fresh_native_ids: bool = False
+    # The platform shows the gateway's own posts back to it (a chat channel). False (an
+    # mq9 mailbox: the gateway SENDs only to others'): the gateway neither records its
+    # posts' native ids nor looks inbound ids up among them (no echo round trips).
+    echoes_own_posts: bool = True
     # ``send_batch`` stores several messages for one destination in one round trip (the
     # HTTP inboxes): the outbox hands it every message waiting for a destination at once.
     batched_sends: bool = False

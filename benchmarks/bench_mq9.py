@@ -60,8 +60,9 @@ STALL_SECONDS = 30
 
 
 @contextmanager
-def private_setup(folder: Path) -> Iterator[str]:
-    """A private nats-server and one service process; yields the NATS URL."""
+def private_setup(folder: Path) -> Iterator[tuple[str, list[int]]]:
+    """A private nats-server and one service process; yields the NATS URL and the pids
+    of the nats-server and the service."""
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     nats_proc = start_nats_process(port, folder / "js", folder / "nats.log")
@@ -73,7 +74,7 @@ def private_setup(folder: Path) -> Iterator[str]:
              "--namespace", "bench", "--max-messages-per-mailbox", "1000000",
              "--max-mailbox-bytes", str(1 << 30)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        yield url
+        yield url, [p.pid for p in procs]
     finally:
         for proc in reversed(procs):
             stop_process(proc)
@@ -251,7 +252,7 @@ async def gateway_ready(nc: Client, proc: subprocess.Popen[bytes]) -> None:
 async def run(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="bpgw-bench-mq9-"))
     try:
-        with private_setup(folder) as url:
+        with private_setup(folder) as (url, pids):
             nc = await nats.connect(url)
             try:
                 await until_ready(nc)
@@ -263,13 +264,16 @@ async def run(args: argparse.Namespace) -> None:
                                json.dumps({"name": agent_box(name), "ttl": 0}).encode())
                 with gateway(folder, url, senders, sinks, args.batch) as proc:
                     await gateway_ready(nc, proc)
-                    cpu = cpu_seconds(proc.pid)
+                    watched = {"gateway": proc.pid, "nats_server": pids[0], "service": pids[1]}
+                    before = {k: cpu_seconds(pid) for k, pid in watched.items()}
                     relayed = await bench_relay(nc, senders, sinks, args.relay_messages,
                                                 args.concurrency, args.batch)
-                    cpu = cpu_seconds(proc.pid) - cpu
-                emit("mq9_relayed_gateway_cpu_per_msg", cpu / args.relay_messages * 1e6, "µs",
-                     digits=0, note="user + system CPU of the gateway process per relayed "
-                     "message (its /proc counters: independent of the machine's load)")
+                    used = {k: cpu_seconds(pid) - before[k] for k, pid in watched.items()}
+                for part, seconds in used.items():
+                    emit(f"mq9_relayed_{part}_cpu_per_msg", seconds / args.relay_messages * 1e6,
+                         "µs", digits=0, note=f"user + system CPU of the {part} process per "
+                         "relayed message (its /proc counters: independent of the machine's "
+                         "load)")
                 emit("mq9_relayed_msgs_per_s", relayed, "msgs/s", ">= 2000", digits=0,
                      messages=args.relay_messages, senders=args.senders, sinks=args.sinks,
                      note="mq9 agents -> gateway mailbox -> FETCH, state, outbox -> SEND to "

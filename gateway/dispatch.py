@@ -485,7 +485,8 @@ class Dispatcher:
             return  # inbox transports keep their own once-only record
         transport = item.out.address.transport
         ttl = int(self._outbox.echo_ttl_seconds)
-        sets = [(self._keys.echo(transport, n), "1", ttl) for n in receipt.native_ids]
+        sets = ([(self._keys.echo(transport, n), "1", ttl) for n in receipt.native_ids]
+                if adapter.capabilities.echoes_own_posts else [])
         sets.append((self._keys.done(dest, item.entry_id), ",".join(receipt.native_ids),
                      DONE_TTL_SECONDS))
 

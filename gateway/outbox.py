@@ -408,7 +408,8 @@ class Outbox:
         if native_id is None:
             return False
         adapter = self._adapters.get(transport)
-        if adapter is not None and adapter.capabilities.fresh_native_ids:
+        if adapter is not None and (adapter.capabilities.fresh_native_ids
+                                    or not adapter.capabilities.echoes_own_posts):
             return False
         return bool(await self.redis.exists(self.keys.echo(transport, native_id)))
 

@@ -77,8 +77,9 @@ PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: 
 class Mq9Bridge(Adapter):
     """The ``mq9`` transport: one registered agent and one mailbox on an mq9 broker."""
 
+    # The gateway SENDs only to other agents' mailboxes: its own never shows its posts.
     capabilities = Capabilities(max_message_length=None, threads=False, sees_other_bots=True,
-                                batched_sends=True)
+                                batched_sends=True, echoes_own_posts=False)
 
     def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(name)
