@@ -1,12 +1,15 @@
 """Bearer-token identities of the ``http`` transport.
 
 Every configured token names one caller: an agent (a bot) or an operator (a human).
-Tokens are compared in constant time, and every configured token is compared on every
-request, so timing reveals neither a token nor which caller it belongs to.
+A presented token is looked up by its SHA-256 digest: the cost does not grow with the
+number of tokens, and timing reveals neither a token nor which caller it belongs to (what
+a lookup's timing could depend on is the digest, which says nothing useful about the
+token; the found token is then compared in constant time).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from collections.abc import Mapping
@@ -38,20 +41,25 @@ class TokenAuth:
     """Maps ``Authorization: Bearer <token>`` headers to callers."""
 
     def __init__(self, agents: Mapping[str, str], operators: Mapping[str, str]) -> None:
-        self._entries: list[tuple[bytes, Caller]] = [
-            (token.encode(), Caller(name, is_operator=False)) for name, token in agents.items()
-        ] + [(token.encode(), Caller(name, is_operator=True)) for name, token in operators.items()]
+        entries = [(token, Caller(name, is_operator=False)) for name, token in agents.items()]
+        entries += [(token, Caller(name, is_operator=True)) for name, token in operators.items()]
+        self._by_digest: dict[bytes, tuple[bytes, Caller]] = {
+            _digest(token.encode()): (token.encode(), caller) for token, caller in entries
+        }
 
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller a header authenticates, or None for a missing or unknown token."""
         presented = bearer(authorization)
         if presented is None:
             return None
-        found: Caller | None = None
-        for expected, caller in self._entries:
-            if hmac.compare_digest(presented, expected):
-                found = caller
-        return found
+        found = self._by_digest.get(_digest(presented))
+        if found is None or not hmac.compare_digest(presented, found[0]):
+            return None
+        return found[1]
+
+
+def _digest(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
 
 
 def bearer(authorization: str | None) -> bytes | None:
