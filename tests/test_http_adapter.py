@@ -478,6 +478,32 @@ async def test_full_inbox_raises_delivery_error(adapter: HttpAdapter, api: Api) 
     await adapter.send(notice("bob", "fits now"))
 
 
+async def test_the_count_kept_with_the_inbox_follows_acks_also_in_an_older_inbox(
+    adapter: HttpAdapter, api: Api, redis: aioredis.Redis
+) -> None:
+    """The messages waiting are counted in the inbox's hash (no XLEN per delivery), and an
+    ack of the last message handed out needs no read of it; an inbox written before
+    either (no count, no offset of the last one handed out) still works."""
+    meta = adapter._inboxes._keys("bob")[1]
+    for n in range(3):
+        await adapter.send(notice("bob", f"m{n}"))
+    assert await redis.hget(meta, "n") == "3"
+    _, body = await api.get("/v1/agents/bob/inbox?max=2", BOB)
+    ids = [m["id"] for m in body["messages"]]
+    _, body = await api.get(f"/v1/agents/bob/inbox?ack={ids[1]}", BOB)  # the last handed out
+    assert [m["text"] for m in body["messages"]] == ["m2"]
+    assert await redis.hget(meta, "n") == "1"
+    await redis.hdel(meta, "n", "oo")  # as an earlier version left it
+    last = body["messages"][0]["id"]
+    status, _ = await api.post("/v1/agents/bob/inbox/ack", BOB, json={"id": last})
+    assert status == 200
+    for n in range(3):  # room for inbox_max (3) again, and no more
+        await adapter.send(notice("bob", f"again {n}"))
+    assert await redis.hget(meta, "n") == "3"
+    with pytest.raises(DeliveryError, match="holds 3 messages"):
+        await adapter.send(notice("bob", "one too many"))
+
+
 async def test_a_batch_is_stored_in_order_up_to_a_full_inbox(
     adapter: HttpAdapter, api: Api
 ) -> None:

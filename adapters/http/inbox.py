@@ -7,9 +7,11 @@ One inbox = one stream of the messages not yet acknowledged, plus a small hash:
   per-entry bookkeeping on acknowledgement;
 * ``lj``: the last outbox journal id taken, so a replayed delivery is recognised and
   not stored twice (journal ids increase per inbox, as the outbox delivers in order);
-* ``out`` / ``until``: the last message handed to a reader and until when it is
-  invisible to other polls (the visibility timeout);
-* ``last``: the newest entry's id (where a long-poll blocks from).
+* ``out`` / ``until`` / ``oo``: the last message handed to a reader, until when it is
+  invisible to other polls (the visibility timeout), and its running total (so
+  acknowledging it, the usual case, needs no read of the entry);
+* ``last``: the newest entry's id (where a long-poll blocks from);
+* ``n``: the messages waiting (an inbox written before it is counted once with XLEN).
 
 A poll returns the oldest messages not in flight; ``ack=<id>`` removes every message up
 to and including ``id`` (XTRIM MINID). Unacknowledged messages come back once their
@@ -57,9 +59,9 @@ end
 _DELIVER = _NEWER + """
 local s, m = KEYS[1], KEYS[2]
 local maxn, maxb = tonumber(ARGV[1]), tonumber(ARGV[2])
-local st = redis.call('HMGET', m, 'in', 'ack', 'lj')
+local st = redis.call('HMGET', m, 'in', 'ack', 'lj', 'n')
 local total, acked, lj = tonumber(st[1] or 0), tonumber(st[2] or 0), st[3] or '0-0'
-local n = redis.call('XLEN', s)
+local n = tonumber(st[4] or redis.call('XLEN', s))
 local out, last = {}, nil
 for i = 3, #ARGV, 3 do
   local jid, size, body = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
@@ -80,38 +82,62 @@ for i = 3, #ARGV, 3 do
     out[#out + 1] = {'ok', last}
   end
 end
-if last then redis.call('HSET', m, 'in', total, 'lj', lj, 'last', last) end
+if last then redis.call('HSET', m, 'in', total, 'lj', lj, 'last', last, 'n', n) end
 return out
 """
 
 # KEYS stream, meta. ARGV now, visibility seconds, count, ack id ("" = none).
 # Returns {entries, id to block after, seconds the in-flight messages stay invisible}.
+# Commands: HMGET of the meta, XTRIM with an ack (and an XRANGE of the acknowledged entry
+# unless it is the last one handed out), XRANGE of what to hand out (skipped when nothing
+# came after the messages in flight), one HSET of whatever changed.
 _POLL = """
 local s, m = KEYS[1], KEYS[2]
 local now, vis, count, ack = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local st = redis.call('HMGET', m, 'out', 'until', 'last', 'oo', 'n')
+local out, last = st[1], st[3] or '0-0'
+local set = {}
+local function offset(fields)
+  for i = 1, #fields, 2 do if fields[i] == 'o' then return fields[i + 1] end end
+  return 0
+end
 if ack ~= '' then
-  local r = redis.call('XRANGE', s, ack, ack)
-  if #r == 1 then
-    local f = r[1][2]
-    local off = 0
-    for i = 1, #f, 2 do if f[i] == 'o' then off = f[i + 1] end end
+  local off = false
+  if ack == out then off = st[4] end
+  if not off then
+    local r = redis.call('XRANGE', s, ack, ack)
+    if #r == 1 then off = offset(r[1][2]) end
+  end
+  if off then
     local ms, seq = string.match(ack, '^(%d+)-(%d+)$')
-    redis.call('XTRIM', s, 'MINID', ms .. '-' .. (tonumber(seq) + 1))
-    redis.call('HSET', m, 'ack', off)
+    local gone = redis.call('XTRIM', s, 'MINID', ms .. '-' .. (tonumber(seq) + 1))
+    set[#set + 1] = 'ack'
+    set[#set + 1] = off
+    if st[5] then
+      set[#set + 1] = 'n'
+      set[#set + 1] = math.max(0, tonumber(st[5]) - gone)
+    end
   end
 end
-local st = redis.call('HMGET', m, 'out', 'until', 'last')
-local inflight = st[1] and tonumber(st[2] or 0) > now
-local start = inflight and ('(' .. st[1]) or '-'
+local inflight = out and tonumber(st[2] or 0) > now
 local rows = {}
-if count > 0 then rows = redis.call('XRANGE', s, start, '+', 'COUNT', count) end
-if #rows > 0 then
-  redis.call('HSET', m, 'out', rows[#rows][1], 'until', now + vis)
-  return {rows, '', '0'}
+if count > 0 and not (inflight and out == last) then
+  rows = redis.call('XRANGE', s, inflight and ('(' .. out) or '-', '+', 'COUNT', count)
 end
+if #rows > 0 then
+  local row = rows[#rows]
+  set[#set + 1] = 'out'
+  set[#set + 1] = row[1]
+  set[#set + 1] = 'until'
+  set[#set + 1] = now + vis
+  set[#set + 1] = 'oo'
+  set[#set + 1] = offset(row[2])
+end
+if #set > 0 then redis.call('HSET', m, unpack(set)) end
+if #rows > 0 then return {rows, '', '0'} end
 -- as text: Redis would truncate a Lua number reply to an integer
-if inflight then return {rows, st[1], tostring(tonumber(st[2]) - now)} end
-return {rows, st[3] or '0-0', '0'}
+if inflight then return {rows, out, tostring(tonumber(st[2]) - now)} end
+return {rows, last, '0'}
 """
 
 
