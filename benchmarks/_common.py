@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,14 @@ def emit(
         row["target"] = target
     row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+def microseconds_per_call(work: Callable[[], object], loops: int) -> float:
+    """The mean time of ``work()`` over ``loops`` calls, in microseconds."""
+    started = time.perf_counter()
+    for _ in range(loops):
+        work()
+    return (time.perf_counter() - started) / loops * 1e6
 
 
 def free_port() -> int:
@@ -56,3 +66,29 @@ def peak_rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def main_with_valkey(
+    doc: str, prefix: str, run: Callable[[int, str, Path], Coroutine[Any, Any, None]],
+    messages: int = 300,
+) -> None:
+    """The ``main`` of a transport benchmark: ``--messages N``, a private Valkey in a
+    temporary folder (never the machine's Redis), ``run(messages, valkey_url, folder)``.
+    The script must have put the repository's ``tests`` folder on ``sys.path``."""
+    import argparse
+    import asyncio
+    import logging
+    import tempfile
+
+    from servers import PrivateValkey
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=messages)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        valkey = PrivateValkey(Path(tmp) / "valkey").start()
+        try:
+            asyncio.run(run(args.messages, valkey.url, Path(tmp)))
+        finally:
+            valkey.close()

@@ -17,16 +17,12 @@ gateway on a private Valkey it starts itself (never the machine's Redis):
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import emit
+from _common import emit, main_with_valkey
 
 REPO = Path(__file__).resolve().parent.parent
 for path in (REPO, REPO / "tests"):
@@ -41,7 +37,6 @@ from protocol import build_request, build_response, render  # noqa: E402
 from discord_emulator import DiscordEmulator  # noqa: E402
 from gwkit import make_config, memory, wait_up  # noqa: E402
 from harness_discord import discord_options  # noqa: E402
-from servers import PrivateValkey  # noqa: E402
 
 
 def config(emulator: DiscordEmulator, redis_url: str, data: Path) -> Any:
@@ -115,18 +110,5 @@ async def run(messages: int, valkey_url: str, data: Path) -> None:
             await gateway.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=300)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="bpgw-bench-discord-") as tmp:
-        valkey = PrivateValkey(Path(tmp) / "valkey").start()
-        try:
-            asyncio.run(run(args.messages, valkey.url, Path(tmp)))
-        finally:
-            valkey.close()
-
-
 if __name__ == "__main__":
-    main()
+    main_with_valkey(__doc__ or "", "bpgw-bench-discord-", run)
