@@ -83,7 +83,7 @@ def header_line(block: str) -> str:
 
 def utf16_len(text: str) -> int:
     """Length in UTF-16 code units (how Telegram counts message length and offsets)."""
-    return len(text.encode("utf-16-le")) // 2
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _cut(unit: str, limit: int, size: Callable[[str], int]) -> Iterator[str]:

@@ -194,11 +194,12 @@ class TelegramEmulator(Watched):
         chat: int = OPS,
         thread: int | None = None,
         reply_to: int | None = None,
-        document: tuple[str, str] | None = None,
+        document: tuple[str, str | None] | None = None,
         raw: bool = False,
     ) -> dict[str, Any]:
-        """``who`` posts ``text`` (a caption with ``document``: (file name, content)) in
-        ``chat``; ``raw`` keeps fences as typed (no entities). Returns the message."""
+        """``who`` posts ``text`` (a caption with ``document``: (file name, content); content
+        None: a file Telegram cannot serve) in ``chat``; ``raw`` keeps fences as typed (no
+        entities). Returns the message."""
         plain, entities = (text, []) if raw else client_entities(text)
         message = self._message(USERS[who], chat, thread, reply_to)
         if document is not None:
@@ -257,10 +258,11 @@ class TelegramEmulator(Watched):
         self.messages.setdefault(chat, []).append(message)
         return message
 
-    def _store_file(self, name: str, content: str | bytes) -> dict[str, Any]:
-        data = content.encode() if isinstance(content, str) else content
+    def _store_file(self, name: str, content: str | bytes | None) -> dict[str, Any]:
+        data = content.encode() if isinstance(content, str) else content or b""
         file_id = f"file{next(self._ids)}"
-        self.files[file_id] = (name, data)
+        if content is not None:
+            self.files[file_id] = (name, data)
         return {"file_id": file_id, "file_unique_id": f"u{file_id}", "file_name": name,
                 "mime_type": "text/plain", "file_size": len(data)}
 

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 from telegram.error import InvalidToken
 
-from adapters.base import ConfigError, HealthState
+from adapters.base import ConfigError, HealthState, WebRequest
 from adapters.telegram import TelegramAdapter
 from adapters.telegram.settings import TelegramSettings, load_settings
 from gateway.app import Gateway
@@ -401,3 +401,45 @@ async def test_probe_reads_get_me(emulator: TelegramEmulator) -> None:
     await probe_reports_refusals(lambda **o: TelegramAdapter("tg", telegram_options(emulator, **o)),
                                  token=WRONG_TOKEN, api_base_url="http://127.0.0.1:9/bot",
                                  refused="refused")
+
+
+async def test_a_lost_document_holds_the_chat_back_only_a_few_attempts(
+    emulator: TelegramEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway(file_read_attempts=2) as (gw, mantis):
+        lost = emulator.next_update_id
+        await emulator.post("peer", "[REQUEST → @Mantis]", thread=TOPIC,
+                            document=("gone.txt", None))  # Telegram cannot serve the file
+        await requested(emulator, mantis, "peer-after")  # read once the lost one gave up
+        assert emulator.fetched[lost] == 2  # fetched again once, then read without it
+        assert gw.health()["transports"]["tg"]["state"] == "up"
+
+
+async def test_a_conflicting_poller_degrades_health_until_it_goes_away(
+    emulator: TelegramEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as (gw, mantis):
+        emulator.webhook = {"url": "https://elsewhere.invalid/hook"}  # someone set a webhook
+        for _ in range(250):
+            health = gw.health()["transports"]["tg"]
+            if health["state"] == "degraded":
+                break
+            await asyncio.sleep(0.02)
+        assert health["state"] == "degraded" and "conflict" in health["detail"]
+        assert health["errors"] >= 1 and "webhook" in health["last_error"]
+        emulator.webhook = None
+        await wait_up(gw, "tg")
+        await requested(emulator, mantis, "peer-back")
+
+
+async def test_the_webhook_route_answers_503_while_the_transport_is_not_running(
+    emulator: TelegramEmulator,
+) -> None:
+    adapter = TelegramAdapter("tg", telegram_options(
+        emulator, mode="webhook", webhook_url="https://x.invalid/telegram/tg",
+        webhook_secret=SECRET))
+    [route] = adapter.web_routes()
+    assert (route.path, route.method, route.transport) == ("/telegram/tg", "POST", "tg")
+    answer = await route.handler(WebRequest({"x-telegram-bot-api-secret-token": SECRET}, b"{}"))
+    assert answer.status == 503 and answer.headers["Retry-After"]
+    assert TelegramAdapter("tg", telegram_options(emulator)).web_routes() == ()

@@ -206,7 +206,9 @@ class Inbound:
                 if self._attempt(key) < self._settings.file_read_attempts:
                     raise
                 parts.append(f"(attachment {name} not read: {exc})")
-        return "\n".join(p for p in parts if p)
+        text = "\n".join(p for p in parts if p)
+        # Lone surrogates (hostile JSON) cannot be stored: replaced, never a crash.
+        return text.encode("utf-8", "replace").decode("utf-8")
 
     async def _download(self, file_id: str) -> bytes:
         file = await self._app.bot.get_file(file_id)

@@ -37,11 +37,11 @@ def fenced(text: str, entities: Iterable[Entity]) -> str:
     Entities overlapping one already handled, or reaching past the text, are clamped or
     skipped: hostile offsets never raise.
     """
-    data = text.encode("utf-16-le")
+    data = text.encode("utf-16-le", "surrogatepass")
     units = len(data) // 2
 
     def piece(start: int, end: int) -> str:
-        return data[start * 2 : end * 2].decode("utf-16-le", errors="replace")
+        return data[start * 2 : end * 2].decode("utf-16-le", "surrogatepass")
 
     out: list[str] = []
     pos = 0
