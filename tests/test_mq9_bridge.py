@@ -234,6 +234,23 @@ async def test_nats_restart_degrades_then_recovers(
         server.close()
 
 
+async def test_gateway_starts_while_nats_is_down_and_connects_later(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    server = PrivateNats()  # its port is chosen, nothing listens yet
+    config = bridge_config(redis_url, namespace, tmp_path, server.url, f"gw.{uid()}", {},
+                           request_timeout_seconds=0.5, retry_seconds=0.2)
+    try:
+        async with running(config) as gw:
+            bridge = gw.adapters["mq9"]
+            assert bridge.health().state == "down" and "cannot reach" in bridge.health().detail
+            assert gw.adapters["web"].health().state == "up"  # the rest of the gateway runs
+            await asyncio.to_thread(server.start)
+            await eventually(lambda: bridge.health().state == "up")
+    finally:
+        server.close()
+
+
 async def test_probe_connects_and_asks(nats_url: str) -> None:
     up = Mq9Bridge("mq9", {"nats_url": nats_url, "serve": True})
     assert [p.ok for p in await up.probe()] == [True]

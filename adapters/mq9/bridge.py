@@ -112,15 +112,17 @@ class Mq9Bridge(Adapter):
 
     @property
     def client(self) -> Mq9Client:
-        """The mq9 client (after ``start``)."""
+        """The mq9 client (once connected); ``DeliveryError`` before (sends are retried)."""
         if self._client is None:
-            raise RuntimeError(f"mq9 transport {self.name} is not running")
+            raise DeliveryError(f"mq9 transport {self.name} is not connected",
+                                retry_after=self.settings.retry_seconds, code="unavailable")
         return self._client
 
     async def start(self, sink: GatewaySink) -> None:
-        """Start the embedded server and service when configured, connect, then set up
-        the mailbox and registration; returns once ready or after the request timeout
-        (the bridge keeps retrying in the background, its health says why)."""
+        """Start the embedded server when configured, then (in the background) the
+        service when configured, the connection, the mailbox and the registration;
+        returns once ready or after ``request_timeout_seconds`` (NATS unreachable: the
+        bridge keeps trying, its health says why, the rest of the gateway runs)."""
         s = self.settings
         self._sink = sink
         self._ready.clear()
@@ -129,19 +131,31 @@ class Mq9Bridge(Adapter):
             self._url = self._embedded.url
         else:
             self._url = s.nats_url
-        try:
-            if s.serves:
-                self._service = await start_service(self._url, **self._connect_options())
-                await self._service.nc.flush()  # its subscription is live before agents ask
-            self._nc = await self._connect()
-        except BaseException:
-            await self._release()
-            raise
-        self._client = Mq9Client(self._nc, s.request_timeout_seconds)
-        self._tasks = [asyncio.create_task(self._consume()),
-                       asyncio.create_task(self._heartbeat())]
+        self._tasks = [asyncio.create_task(self._run())]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), s.request_timeout_seconds)
+        if not self._ready.is_set() and self.health().state is HealthState.STARTING:
+            self.set_health(HealthState.DOWN, f"cannot reach {self.url} yet; retrying")
+
+    async def _run(self) -> None:
+        """Connect (retrying until NATS answers), then consume and report heartbeats."""
+        s = self.settings
+        while self._nc is None:
+            try:
+                if s.serves and self._service is None:
+                    self._service = await start_service(self.url, **self._connect_options())
+                    await self._service.nc.flush()  # subscribed before agents ask
+                self._nc = await self._connect()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no JetStream, refused credentials...: retried
+                self.set_health(HealthState.DOWN, f"cannot start on {self.url}: {exc}")
+                log.warning("mq9 transport %s: cannot start on %s: %s; retrying", self.name,
+                            self.url, exc)
+                await asyncio.sleep(max(s.retry_seconds, 1.0))
+        self._client = Mq9Client(self._nc, s.request_timeout_seconds)
+        self._tasks.append(asyncio.create_task(self._heartbeat()))
+        await self._consume()
 
     def _connect_options(self) -> dict[str, Any]:
         s = self.settings
@@ -190,7 +204,9 @@ class Mq9Bridge(Adapter):
                 "sent": self._sent, "reconnects": self._reconnects}
 
     async def _on_error(self, exc: Exception) -> None:
-        log.warning("mq9 transport %s: NATS error: %s", self.name, exc)
+        # While cut off, every retry fails the same way: said once (health says the rest).
+        level = logging.DEBUG if self.health().state is HealthState.DOWN else logging.WARNING
+        log.log(level, "mq9 transport %s: NATS error: %s", self.name, exc)
 
     async def stop(self) -> None:
         """UNREGISTER, stop consuming, disconnect; stop what the bridge started. Safe twice."""
