@@ -285,8 +285,11 @@ async def test_webhook_refuses_a_wrong_secret_and_processes_the_right_one(
                 assert resp.status == 401
         assert gw.health()["transports"]["tg"]["webhook_refused"] == 2
         right = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
-        async with mantis.http.post(hook, data=b"{not json", headers=right) as resp:
-            assert resp.status == 400
+        junks = (b"{not json", b"[]", b'{"update_id": "a"}', b'{"update_id": 1, "message": "x"}',
+                 b'{"update_id": 1, "message": {"chat": 5}}', b"\xff\xfe")
+        for junk in junks:
+            async with mantis.http.post(hook, data=junk, headers=right) as resp:
+                assert resp.status == 400, junk
         async with mantis.http.post(hook, json=update, headers=right) as resp:
             assert resp.status == 200
         [relayed] = await mantis.inbox(lambda t: len(t) >= 1)

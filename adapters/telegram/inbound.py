@@ -192,7 +192,8 @@ class Inbound:
         """
         text = message.text if message.text is not None else message.caption or ""
         raw = message.entities if message.text is not None else message.caption_entities
-        entities = [Entity(str(e.type), e.offset, e.length) for e in raw or ()]
+        entities = [Entity(str(e.type), e.offset, e.length) for e in raw or ()
+                    if isinstance(e.offset, int) and isinstance(e.length, int)]
         parts = [fenced(text, entities)]
         document = message.document
         if document is not None:

@@ -111,7 +111,7 @@ def group_visibility(me: User) -> tuple[bool, str]:
         return True, ("all (privacy mode off); other bots' messages only with Bot-to-Bot "
                       "Communication Mode on and admin rights (Telegram cannot report those)")
     return False, ("limited: privacy mode is on, so groups show the bot only commands, "
-                   f"replies to it and mentions; fix: {PRIVACY_FIX}")
+                   "replies to it and mentions")
 
 
 class TelegramAdapter(Adapter):
@@ -213,6 +213,7 @@ class TelegramAdapter(Adapter):
         self.username = me.username or ""
         self.sees_all_group_messages, self.group_messages = group_visibility(me)
         if not self.sees_all_group_messages:
+            self.group_messages += f"; fix: {PRIVACY_FIX}"
             log.warning("telegram transport %s: %s", self.name, self.group_messages,
                         extra={"transport": self.name})
 
@@ -333,10 +334,10 @@ class TelegramAdapter(Adapter):
         try:
             data = json.loads(request.body)
             update = Update.de_json(data, app.bot) if isinstance(data, dict) else None
-        except (ValueError, TypeError, KeyError) as exc:
-            return WebResponse(400, {"error": f"not an update: {exc}"})
-        if update is None:
-            return WebResponse(400, {"error": "not an update"})
+        except Exception as exc:  # any malformed shape: the library raises what it meets
+            return WebResponse(400, {"error": f"not an update: {type(exc).__name__}: {exc}"})
+        if update is None or not isinstance(update.update_id, int):
+            return WebResponse(400, {"error": "not an update (no integer update_id)"})
         self.last_update_at = time.time()
         self.updates += 1
         if await inbound.handle(update):
