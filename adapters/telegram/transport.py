@@ -193,6 +193,7 @@ class TelegramAdapter(Adapter):
                 offset = await inbound.start_offset()
                 self._poller = asyncio.create_task(self._poll(app.bot, inbound, offset),
                                                    name=f"telegram-{self.name}")
+                self._poller.add_done_callback(self._poller_ended)
             else:
                 await app.bot.set_webhook(
                     self.settings.webhook_url or "", secret_token=self._secret,
@@ -300,6 +301,16 @@ class TelegramAdapter(Adapter):
                 offset = upto + 1
             if upto is None or upto < updates[-1].update_id:
                 await asyncio.sleep(RETRY_SECONDS)  # the gateway could not commit: again
+
+    def _poller_ended(self, task: asyncio.Task[None]) -> None:
+        if self._poller is not task:
+            return  # stopped on purpose
+        error = None if task.cancelled() else task.exception()
+        detail = f"polling stopped: {type(error).__name__}: {error}" if error else (
+            "polling stopped")
+        log.error("telegram transport %s: %s", self.name, detail, exc_info=error,
+                  extra={"transport": self.name})
+        self.set_health(HealthState.DOWN, detail)
 
     async def _failed(self, detail: str, pause: float) -> None:
         self.errors += 1
