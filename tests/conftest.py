@@ -47,6 +47,16 @@ def valkey() -> Iterator[PrivateValkey]:
         server.close()
 
 
+@pytest.fixture
+def durable_valkey() -> Iterator[PrivateValkey]:
+    """A private Valkey keeping its data across a stop (append-only file)."""
+    server = PrivateValkey(appendonly=True).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     """URL of a real NATS server (JetStream on) for this test session."""

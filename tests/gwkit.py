@@ -19,6 +19,7 @@ from adapters.base import Outbound, OutboundKind
 from adapters.memory import MemoryAdapter
 from gateway.app import Gateway
 from gateway.config import GatewayConfig
+from protocol import build_request, parse, render, reply_response
 
 
 def make_config(redis_url: str, namespace: str, data_dir: Path, **overrides: Any) -> GatewayConfig:
@@ -153,3 +154,15 @@ class HttpAgent:
         if messages:
             self.last = messages[-1]["id"]
         return [m["text"] for m in messages]
+
+
+def request_block(request_id: str, *, to: str, task: str = "check disk",
+                  sender: str = "Peer") -> str:
+    """A rendered REQUEST block from ``sender`` to ``to``."""
+    return render(build_request(sender=sender, to=to, task=task, request_id=request_id))
+
+
+def response_block(request: str, sender: str, result: str) -> str:
+    """The RESPONSE block answering the block in ``request``."""
+    return render(reply_response(parse(request).messages[0], sender=sender, status="success",
+                                 result=result))

@@ -297,6 +297,10 @@ class SlackEmulator:
         finally:
             self._acks.pop(envelope_id, None)
 
+    def sockets(self) -> int:
+        """Socket Mode connections open now."""
+        return len(self._sockets)
+
     async def drop_sockets(self) -> None:
         """Close every Socket Mode connection (the client reconnects)."""
         for ws in list(self._sockets):

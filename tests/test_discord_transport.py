@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from adapters.base import Address, ConfigError, HealthState, Outbound
 from adapters.discord import DiscordAdapter
 from adapters.discord.settings import DiscordSettings, load_settings
 from gateway.app import Gateway
-from protocol import build_request, parse, render, reply_response
+from protocol import build_request, parse, render
 
 from chat_checks import (
     options_are_documented,
@@ -33,7 +33,14 @@ from chat_checks import (
     retried_parts_are_posted_once,
 )
 from discord_emulator import MESSAGE_CONTENT_INTENT, TOKEN, DiscordEmulator
-from gwkit import QUICK_RETRIES, make_config, memory, wait_up
+from gwkit import (
+    QUICK_RETRIES,
+    make_config,
+    memory,
+    request_block,
+    response_block,
+    wait_up,
+)
 from harness_discord import discord_options
 from servers import PrivateValkey
 
@@ -80,13 +87,10 @@ def start_gateway(
 
 
 def request_text(request_id: str, task: str = "check disk", sender: str = "Peer") -> str:
-    return render(build_request(sender=sender, to="Mantis", task=task, request_id=request_id))
+    return request_block(request_id, to="Mantis", task=task, sender=sender)
 
 
-def response_to(request: str, sender: str, result: str) -> str:
-    """The RESPONSE block answering the block in ``request``."""
-    return render(reply_response(parse(request).messages[0], sender=sender, status="success",
-                                 result=result))
+response_to = response_block
 
 
 def reaction(emulator: DiscordEmulator, message: dict[str, Any], emoji: str) -> bool:
@@ -351,16 +355,6 @@ async def test_a_channel_first_used_while_down_is_caught_up(
         got = await memory(gw, "side").wait_sent(lambda o: "peer-o1" in o.text)
         assert got.address.channel == "mantis-room"
         assert await emulator.wait_for(lambda: reaction(emulator, missed, "✅"))
-
-
-@pytest.fixture
-def durable_valkey() -> Iterator[PrivateValkey]:
-    """A private Valkey keeping its data across a stop (append-only file)."""
-    server = PrivateValkey(appendonly=True).start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 async def test_a_message_not_committed_while_redis_is_down_is_processed_after(

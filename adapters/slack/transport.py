@@ -104,7 +104,8 @@ class SlackAdapter(Adapter):
         self.retries = 0
         self.bad_signatures = 0
         self.commands = 0
-        self.connections = 0
+        self.connections = 0  # Socket Mode hellos
+        self.socket_connected = False
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -214,6 +215,7 @@ class SlackAdapter(Adapter):
         handler = self._socket = AsyncSocketModeHandler(app, app_token,
                                                         logger=log.getChild("socket"))
         handler.client.message_listeners.append(self._on_socket_message)
+        handler.client.on_close_listeners.append(self._on_socket_close)
         await handler.connect_async()  # type: ignore[no-untyped-call]
 
     async def _on_socket_message(
@@ -223,8 +225,16 @@ class SlackAdapter(Adapter):
         if message.get("type") != "hello":
             return
         self.connections += 1
+        self.socket_connected = True
         if self.connections > 1 and self._inbound is not None:
             self._inbound.catch_up_all()
+            self.set_health(HealthState.UP, "reconnected (socket mode)")
+
+    async def _on_socket_close(self, message: aiohttp.WSMessage) -> None:
+        """The websocket closed: slack_sdk reconnects (a new ``hello`` follows)."""
+        self.socket_connected = False
+        if self._app is not None:
+            self.set_health(HealthState.DEGRADED, "disconnected from Slack; reconnecting")
 
     # -- HTTP mode -------------------------------------------------------------------
 
@@ -376,12 +386,10 @@ class SlackAdapter(Adapter):
 
     def stats(self) -> Mapping[str, Any]:
         """Connection figures for /healthz and /protocol status."""
-        socket = self._socket
         return {
             "mode": self.mode,
-            "connected": self._app is not None if socket is None
-            else socket.client.is_connected() if hasattr(socket.client, "is_connected")
-            else True,
+            "connected": self._app is not None and (
+                self._socket is None or self.socket_connected),
             "port": self.port,
             "last_event_seconds_ago": None if self.last_event_at is None
             else round(time.time() - self.last_event_at, 1),
