@@ -4,14 +4,12 @@ emulator's ``peer`` bot posting in ``general``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from adapters.slack import SlackAdapter
 from gateway.app import Gateway
 
-from contract_harness import TRANSPORT, Harness, Posted, register_harness
+from contract_harness import TRANSPORT, ChatHarness, Posted, register_emulated
 from slack_emulator import BOT_TOKEN, SIGNING_SECRET, SlackEmulator
 
 RETRY_AFTER = 45.0
@@ -38,7 +36,7 @@ def point_events(emulator: SlackEmulator, gateway: Gateway, name: str = TRANSPOR
     emulator.events_url = f"http://127.0.0.1:{adapter.port}{adapter.settings.events_path}"
 
 
-class SlackHarness:
+class SlackHarness(ChatHarness):
     """Drives the emulated workspace's ``general`` channel."""
 
     kind = "slack"
@@ -53,11 +51,8 @@ class SlackHarness:
     def options(self) -> dict[str, Any]:
         return slack_options(self.emulator)
 
-    def peer_agent(self) -> dict[str, Any]:
-        return {"addresses": [f"{TRANSPORT}:{self.channel}"],
-                "identities": [f"{TRANSPORT}:{self.peer}"]}
-
     async def connected(self, gateway: Gateway) -> None:
+        await super().connected(gateway)
         point_events(self.emulator, gateway)
 
     async def post(self, text: str, files: tuple[tuple[str, str], ...] = ()) -> None:
@@ -72,9 +67,4 @@ class SlackHarness:
         return "rate_limited", RETRY_AFTER
 
 
-@register_harness("slack")
-@asynccontextmanager
-async def slack_harness() -> AsyncIterator[Harness]:
-    """The emulator on 127.0.0.1 for one test."""
-    async with SlackEmulator() as emulator:
-        yield SlackHarness(emulator)
+register_emulated("slack", SlackEmulator, SlackHarness)

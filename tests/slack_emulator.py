@@ -20,15 +20,16 @@ import json
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
+
+from emukit import Watched
 
 BOT_TOKEN = "xoxb-test-bot-token-0001"
 APP_TOKEN = "xapp-test-app-token-0001"
@@ -39,7 +40,6 @@ BOT_ID = "B0GATEWAY"
 SCOPES = ("channels:history,groups:history,chat:write,reactions:write,files:read,"
           "files:write,users:read,commands")
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,12 @@ class Member:
     bot_id: str | None = None
 
 
-class SlackEmulator:
+class SlackEmulator(Watched):
     """The emulated workspace: channel ``general`` (C0GENERAL), person ``alice``, bots
     ``peer`` and ``rogue``, and the gateway's bot ``U0GATEWAY``/``B0GATEWAY``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.members = {
             "alice": Member("U0ALICE", "alice"),
             "op": Member("U0OP", "op"),
@@ -79,9 +80,9 @@ class SlackEmulator:
         self._sockets: list[web.WebSocketResponse] = []
         self._acks: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
-        self.port = 0
+        self.channels = {self.general, "C0OTHER"}
+        self.refuse_after: int | None = None  # posts that succeed before one fails
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -93,11 +94,7 @@ class SlackEmulator:
         app.router.add_get("/files/{file_id}", self._download)
         app.router.add_post("/response/{n}", self._response)
         app.router.add_get("/socket", self._socket)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        await self.serve(app)
         self._http = aiohttp.ClientSession()
         return self
 
@@ -109,12 +106,7 @@ class SlackEmulator:
             await ws.close()
         if self._http is not None:
             await self._http.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        await self.close_server()
 
     @property
     def api_base_url(self) -> str:
@@ -130,13 +122,6 @@ class SlackEmulator:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def wait_for(self, check: Callable[[], T], timeout: float = 5.0) -> T:  # noqa: ASYNC109
-        """``check()`` once it is truthy (polled: the app's calls land at any time)."""
-        async with asyncio.timeout(timeout):
-            while not (found := check()):  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-            return found
 
     # -- what tests read -------------------------------------------------------------
 
@@ -332,6 +317,7 @@ class SlackEmulator:
         if handler is None:
             return _ok({"ok": False, "error": "unknown_method"}, status=404)
         answer: web.StreamResponse = await handler(args)
+        await self._changed_now()
         return answer
 
     async def _m_auth_test(self, args: dict[str, Any]) -> web.Response:
@@ -340,7 +326,7 @@ class SlackEmulator:
                    headers={"x-oauth-scopes": SCOPES})
 
     async def _m_apps_connections_open(self, args: dict[str, Any]) -> web.Response:
-        return _ok({"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket"})
+        return _ok({"ok": True, "url": self.url.replace("http://", "ws://") + "/socket"})
 
     async def _m_users_info(self, args: dict[str, Any]) -> web.Response:
         for member in self.members.values():
@@ -351,6 +337,13 @@ class SlackEmulator:
 
     async def _m_chat_postMessage(self, args: dict[str, Any]) -> web.Response:
         channel = str(args.get("channel"))
+        if channel not in self.channels:
+            return _ok({"ok": False, "error": "channel_not_found"})
+        if self.refuse_after is not None:
+            self.refuse_after -= 1
+            if self.refuse_after < 0:
+                self.refuse_after = None
+                return _ok({"ok": False, "error": "internal_error"}, status=500)
         if channel in self.rate_limited:
             retry = self.rate_limited[channel]
             return _ok({"ok": False, "error": "ratelimited"}, status=429,
@@ -447,6 +440,7 @@ class SlackEmulator:
     async def _response(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.responses.append({**body, "_n": int(request.match_info["n"])})
+        await self._changed_now()
         return web.Response(text="ok")
 
     def _store(self, message: dict[str, Any], thread_ts: Any) -> dict[str, Any]:
@@ -459,6 +453,7 @@ class SlackEmulator:
                     parent["reply_count"] = int(parent.get("reply_count", 0)) + 1
                     parent["latest_reply"] = message["ts"]
         self.messages[channel].append(message)
+        self._background(self._changed_now())
         return message
 
 

@@ -18,20 +18,26 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from slack_sdk.errors import SlackApiError
 
-from adapters.base import Address, Outbound
-from adapters.http import HttpAdapter
+from adapters.base import Address, ConfigError, Outbound, create_adapter
 from adapters.slack import SlackAdapter
+from adapters.slack.settings import SlackSettings, load_settings
 from adapters.slack.text import escape, unescape
 from gateway.app import Gateway
 from protocol import build_request, parse, render
 
-from gwkit import make_config, request_block, response_block
+from chat_checks import (
+    options_are_documented,
+    probe_reports_refusals,
+    refusals_are_classified,
+    refused_token_leaves_it_down,
+    retried_parts_are_posted_once,
+)
+from gwkit import HttpAgent, http_url, make_config, request_block, response_block
 from harness_slack import point_events, slack_options
 from servers import PrivateValkey
 from slack_emulator import APP_TOKEN, SlackEmulator
-
-pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 
 WORKER_TOKEN = "worker-token-slack-e2e"
 
@@ -72,41 +78,25 @@ def start_gateway(
 
 
 class Worker:
-    """Agent ``Worker`` on the HTTP API."""
+    """Agent ``Worker`` on the HTTP API, remembering everything delivered to it."""
 
     def __init__(self, gateway: Gateway, http: aiohttp.ClientSession) -> None:
-        adapter = gateway.adapters["api"]
-        assert isinstance(adapter, HttpAdapter)
-        self.url = adapter.url
-        self.http = http
+        self.agent = HttpAgent(http_url(gateway, "api"), "Worker", WORKER_TOKEN, http)
         self.seen: list[str] = []
-        self.auth = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 
     async def inbox(self, wait: float = 0) -> list[str]:
-        """Every message delivered to Worker so far (read and acknowledged)."""
-        async with self.http.get(f"{self.url}/v1/agents/Worker/inbox?max=100&wait={wait}",
-                                 headers=self.auth) as resp:
-            messages = (await resp.json())["messages"]
-        if messages:
-            async with self.http.post(f"{self.url}/v1/agents/Worker/inbox/ack",
-                                      json={"id": messages[-1]["id"]}, headers=self.auth):
-                pass
-        self.seen.extend(m["text"] for m in messages)
+        """Every message delivered to Worker so far."""
+        self.seen.extend(await self.agent.take(wait))
         return self.seen
 
     async def wait_for(self, needle: str) -> str:
         async with asyncio.timeout(5):
-            while True:
-                found = [t for t in await self.inbox(wait=0.5) if needle in t]
-                if found:
-                    return found[0]
+            while not (found := [t for t in await self.inbox(wait=0.5) if needle in t]):
+                pass
+            return found[0]
 
     async def say(self, text: str) -> dict[str, Any]:
-        async with self.http.post(f"{self.url}/v1/messages", json={"text": text},
-                                  headers=self.auth) as resp:
-            body: dict[str, Any] = await resp.json()
-            assert resp.status == 200, body
-            return body
+        return await self.agent.post_text(text)
 
 
 @pytest.fixture
@@ -413,3 +403,78 @@ async def test_socket_mode_takes_events_and_commands_and_catches_up_after_a_reco
         await emulator.wait_for(emulator.sockets, timeout=15)  # the client reconnects
         await worker.wait_for("sock-2")
         assert adapter.stats()["reconnects"] >= 1
+
+
+# -- delivery, readiness, options ------------------------------------------------------
+
+
+async def test_refusals_become_the_right_delivery_errors(
+    emulator: SlackEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway() as gw:
+        general = emulator.general
+        await refusals_are_classified(
+            adapter_of(gw), general,
+            rate_limit=lambda wait: emulator.rate_limit(general, wait),
+            not_a_channel="general", unknown="C0UNKNOWN")
+
+
+async def test_a_retried_message_does_not_post_its_parts_twice(
+    emulator: SlackEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    text = "\n".join(f"line {i} " + "w" * 90 for i in range(100))  # three messages
+    async with start_gateway() as gw:
+        await retried_parts_are_posted_once(
+            adapter_of(gw), emulator.general, text,
+            refuse_second_part=lambda: setattr(emulator, "refuse_after", 1),
+            posted=lambda: [(m["ts"], unescape(m["text"])) for m in emulator.by_bot()])
+
+
+def slack_adapter(emulator: SlackEmulator, **options: Any) -> SlackAdapter:
+    """A slack transport on ``emulator``; option ``token`` is the bot token."""
+    if "token" in options:
+        options["bot_token"] = options.pop("token")
+    return SlackAdapter("sl", slack_options(emulator, **options))
+
+
+async def test_a_refused_token_leaves_the_transport_down(emulator: SlackEmulator) -> None:
+    await refused_token_leaves_it_down(slack_adapter(emulator, token="xoxb-refused-0000"),
+                                       SlackApiError)
+
+
+async def test_probe_checks_the_token_and_scopes(emulator: SlackEmulator) -> None:
+    token, scopes, mode = await slack_adapter(emulator).probe()
+    assert token.ok and "U0GATEWAY" in token.detail
+    assert scopes.ok and scopes.detail == "all granted"
+    assert mode.ok and "/slack/events" in mode.detail
+    await probe_reports_refusals(lambda **o: slack_adapter(emulator, **o),
+                                 token="xoxb-refused-0000",
+                                 api_base_url="http://127.0.0.1:9/api/", refused="invalid_auth")
+
+
+def test_options_name_the_key_and_secrets_come_from_the_environment() -> None:
+    base = {"bot_token": "xoxb-1234567890", "signing_secret": "s" * 20}
+    with pytest.raises(ConfigError, match=r"transports\.sl\.listen_port"):
+        SlackAdapter("sl", {**base, "listen_port": 70000})
+    with pytest.raises(ConfigError, match=r"transports\.sl\.channels"):
+        SlackAdapter("sl", {**base, "channels": ["general"]})
+    with pytest.raises(ConfigError, match="SLACK_BOT_TOKEN"):
+        load_settings("sl", {}, environ={})
+    with pytest.raises(ConfigError, match="SLACK_SIGNING_SECRET"):
+        load_settings("sl", {}, environ={"SLACK_BOT_TOKEN": "xoxb-1234567890"})
+    with pytest.raises(ConfigError, match="app-level token"):
+        load_settings("sl", {"mode": "socket"}, environ={"SLACK_BOT_TOKEN": "xoxb-1"})
+    settings, secrets = load_settings("sl", {"api_base_url": "http://127.0.0.1:1/api"}, environ={
+        "SLACK_BOT_TOKEN": "xoxb-env", "SLACK_SIGNING_SECRET": "sec", "SLACK_APP_TOKEN": "xapp-1"})
+    assert settings.api_base_url == "http://127.0.0.1:1/api/"
+    assert (secrets.bot_token, secrets.signing_secret, secrets.app_token) == (
+        "xoxb-env", "sec", "xapp-1")
+    assert secrets.socket_mode
+    _, http_mode = load_settings("sl", {"mode": "http"}, environ={
+        "SLACK_BOT_TOKEN": "xoxb-env", "SLACK_SIGNING_SECRET": "sec", "SLACK_APP_TOKEN": "xapp-1"})
+    assert not http_mode.socket_mode
+    assert isinstance(create_adapter("slack", "sl", base), SlackAdapter)
+
+
+def test_every_option_is_documented() -> None:
+    options_are_documented(SlackSettings, "slack.md")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 _TOKEN = re.compile(r"<([^<>\n]{1,2000})>")
 _ESCAPES = (("&lt;", "<"), ("&gt;", ">"), ("&amp;", "&"))
 # A fence with text glued to it: "```[REQUEST → @x]" or "last line```".
-_GLUED_OPEN = re.compile(r"^(\s*`{3,})(?=\S)(?![A-Za-z0-9_+.-]*\s*$)(.*)$")
+_GLUED_OPEN = re.compile(r"^(\s*`{3,})(?=[^`\s])(?![A-Za-z0-9_+.-]*\s*$)(.*)$")
 _GLUED_CLOSE = re.compile(r"^(.*[^`\s])(`{3,})\s*$")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,7 @@ STOP_GRACE_SECONDS = 5.0
 PROBE_TIMEOUT_SECONDS = 5
 # Slack redelivers an event answered with anything but 2xx; we ask for a second.
 RETRY_AFTER_SECONDS = 1
+CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,30}$")
 # Scopes the transport uses (docs/slack.md, the manifest); probe() names missing ones.
 SCOPES = ("channels:history", "groups:history", "chat:write", "reactions:write",
           "files:read", "files:write", "users:read", "commands")
@@ -197,7 +199,6 @@ class SlackAdapter(Adapter):
             logger=log.getChild("bolt"),
         )
         app.event("message")(self._on_message)
-        app.event("app_mention")(self._on_mention)
         app.command(self.settings.command_name)(self._on_command)
         return app
 
@@ -266,9 +267,6 @@ class SlackAdapter(Adapter):
         self.last_event_at = time.time()
         if inbound is None or not await inbound.live(event):
             raise NotCommitted(str(event.get("ts")))
-
-    async def _on_mention(self) -> None:
-        """Mentions arrive as message events too; this only acknowledges the copy."""
 
     # -- reactions -------------------------------------------------------------------
 
@@ -356,6 +354,9 @@ class SlackAdapter(Adapter):
             raise DeliveryError(f"slack transport {self.name} is not running",
                                 retry_after=RETRY_AFTER_SECONDS, code="unavailable")
         channel = message.address.channel
+        if not CHANNEL_ID.match(channel):
+            raise DeliveryError(f"{message.address} does not name a Slack channel id",
+                                code="bad_address")
         thread = message.address.thread or message.reply_to or None
         ids = self._partial.take(message.id)
         parts = split_message(message.text, self.settings.max_message_chars,
