@@ -17,8 +17,9 @@ MAX_CHARS = 4000
 
 
 def slack_options(emulator: SlackEmulator, **extra: Any) -> dict[str, Any]:
-    """Options of a slack transport (HTTP mode, any free port) talking to ``emulator``."""
-    return {
+    """Options of a slack transport (HTTP mode, any free port) talking to ``emulator``;
+    an ``extra`` option set to None is left out."""
+    options = {
         "bot_token": BOT_TOKEN,
         "signing_secret": SIGNING_SECRET,
         "api_base_url": emulator.api_base_url,
@@ -27,6 +28,7 @@ def slack_options(emulator: SlackEmulator, **extra: Any) -> dict[str, Any]:
         "max_message_chars": MAX_CHARS,
         **extra,
     }
+    return {key: value for key, value in options.items() if value is not None}
 
 
 def point_events(emulator: SlackEmulator, gateway: Gateway, name: str = TRANSPORT) -> None:

@@ -383,7 +383,8 @@ async def test_an_event_not_committed_while_redis_is_down_is_refused_then_proces
 async def test_socket_mode_takes_events_and_commands_and_catches_up_after_a_reconnect(
     emulator: SlackEmulator, start_gateway: Callable[..., Any], http: aiohttp.ClientSession
 ) -> None:
-    async with start_gateway(mode="socket", app_token=APP_TOKEN) as gw:
+    # Socket Mode needs no signing secret: nothing reaches the gateway over HTTP.
+    async with start_gateway(mode="socket", app_token=APP_TOKEN, signing_secret=None) as gw:
         adapter = adapter_of(gw)
         assert adapter.mode == "socket" and adapter.port is None
         assert "apps.connections.open" in emulator.calls
@@ -478,3 +479,47 @@ def test_options_name_the_key_and_secrets_come_from_the_environment() -> None:
 
 def test_every_option_is_documented() -> None:
     options_are_documented(SlackSettings, "slack.md")
+
+
+async def test_hostile_or_odd_events_are_answered_and_never_crash_the_transport(
+    emulator: SlackEmulator, start_gateway: Callable[..., Any], http: aiohttp.ClientSession
+) -> None:
+    async with start_gateway() as gw:
+        adapter = adapter_of(gw)
+        odd_events: list[dict[str, Any]] = [
+            {"type": "message", "text": "no channel", "ts": "1.000001"},
+            {"type": "message", "channel": emulator.general, "text": "no ts"},
+            {"type": "message", "channel": emulator.general, "ts": "../../x", "text": "bad ts"},
+            {"type": "message", "channel": "not-a-channel", "ts": "1.000002", "text": "x"},
+            {"type": "message", "subtype": "channel_join", "channel": emulator.general,
+             "ts": "1.000003", "user": "U0ALICE", "text": "joined"},
+        ]
+        for event in odd_events:
+            body = emulator.event_body({"ts": "1.0"})
+            body["event"] = event
+            status, _ = await emulator.send_signed(json.dumps(body), "application/json")
+            assert status == 200, event
+        # A file list of the wrong shape and a number as text: read as what they are.
+        odd = emulator.add("peer", "x")
+        odd.update(text=12345, files={"name": "x.txt"})
+        assert await emulator.deliver(odd) == 200
+        assert await gw.store.get("x", with_history=False) is None
+        # An id Slack does not know is shown as it is, and asked about once.
+        worker = Worker(gw, http)
+        for n in range(2):
+            await emulator.post("peer", escape(request_to_worker(f"ghost-{n}", "ask @ghost"))
+                                .replace("@ghost", "<@U0GHOST>"))
+            await worker.wait_for(f"ghost-{n}")
+        conv = await gw.store.get("ghost-1", with_history=False)
+        assert conv is not None and conv.task == "ask @U0GHOST"
+        assert emulator.calls.count("users.info") == 1
+        assert adapter.health().state.value == "up"
+
+
+async def test_a_command_typed_as_a_message_is_answered_in_its_thread(
+    emulator: SlackEmulator, start_gateway: Callable[..., Any]
+) -> None:
+    async with start_gateway():
+        typed = await emulator.post("op", "/protocol status")
+        [reply] = await emulator.wait_for(lambda: emulator.replies_in(typed["ts"]))
+        assert reply["text"].startswith("*")  # mrkdwn: the bold title

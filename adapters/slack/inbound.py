@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -46,6 +47,9 @@ RETRY_SECONDS = 1.0
 # Message subtypes that are messages someone wrote (others: joins, edits, deletions...).
 READ_SUBTYPES = frozenset({None, "bot_message", "file_share", "thread_broadcast", "me_message"})
 SLACK_ERRORS = (SlackApiError, aiohttp.ClientError, OSError, TimeoutError)
+CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,30}$")
+TS = re.compile(r"^\d{1,12}\.\d{1,9}$")
+"""A Slack message ``ts`` (seconds.micros): ids that order as numbers."""
 
 React = Callable[[str, str, Disposition], Awaitable[None]]
 """(channel, ts, disposition) -> add the reaction the disposition deserves."""
@@ -101,12 +105,15 @@ class Names:
             if name is None:
                 try:
                     user = (await self._client.users_info(user=uid)).get("user") or {}
-                except SLACK_ERRORS as exc:
+                except SlackApiError as exc:  # no such user: shown as @U..., remembered
+                    log.info("users.info %s refused: %s", uid, exc)
+                    user = {}
+                except SLACK_ERRORS as exc:  # Slack unreachable: try again next time
                     log.info("users.info %s failed: %s", uid, exc)
                     continue
                 profile = user.get("profile") or {}
-                name = str(profile.get("display_name") or user.get("name") or "")
-                if not name or self._limit == 0:
+                name = str(profile.get("display_name") or user.get("name") or uid)
+                if self._limit == 0:
                     continue
                 self._names[uid] = name
                 while len(self._names) > self._limit:
@@ -158,8 +165,12 @@ class Inbound:
         channel = str(event.get("channel") or "")
         if self._closing:
             return False
-        if not channel or event.get("subtype") not in READ_SUBTYPES or not self.wanted(channel):
+        if event.get("subtype") not in READ_SUBTYPES or not self.wanted(channel):
             return True  # not a message for the gateway: nothing to keep
+        if not CHANNEL_ID.match(channel) or not TS.match(str(event.get("ts") or "")):
+            log.warning("message event without a channel id or ts ignored",
+                        extra={"transport": self._transport})
+            return True  # nothing Slack would deliver differently next time
         async with self._lane(channel) as lane, lane.lock:
             if lane.behind and not await self._catch_up(channel, lane):
                 return False
@@ -288,7 +299,7 @@ class Inbound:
     async def _process(self, channel: str, message: Mapping[str, Any]) -> bool:
         """Hand one message to the gateway; True when it was committed."""
         ts = str(message.get("ts") or "")
-        if not ts or message.get("subtype") not in READ_SUBTYPES:
+        if not TS.match(ts) or message.get("subtype") not in READ_SUBTYPES:
             return True
         own = self._w.me.wrote(message)
         try:
@@ -333,7 +344,9 @@ class Inbound:
         plain = to_plain(raw, await self._names.of(user_ids(raw)))
         files: list[TextFile] = []
         notes: list[str] = []
-        for item in (message.get("files") or [])[: self._settings.attachments_per_message]:
+        listed = message.get("files")
+        for item in (listed if isinstance(listed, list) else [])[
+                : self._settings.attachments_per_message]:
             if not isinstance(item, dict):
                 continue
             name = str(item.get("name") or item.get("title") or "file")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -52,7 +51,7 @@ from adapters.base import (
 )
 from adapters.chunking import split_message
 from adapters.delivery import Background, PartialSends, reaction_for
-from adapters.slack.inbound import Inbound, Me, Wiring
+from adapters.slack.inbound import CHANNEL_ID, Inbound, Me, Wiring
 from adapters.slack.render import blocks, mrkdwn
 from adapters.slack.settings import load_settings
 from adapters.slack.text import escape
@@ -66,7 +65,6 @@ STOP_GRACE_SECONDS = 5.0
 PROBE_TIMEOUT_SECONDS = 5
 # Slack redelivers an event answered with anything but 2xx; we ask for a second.
 RETRY_AFTER_SECONDS = 1
-CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{2,30}$")
 # Scopes the transport uses (docs/slack.md, the manifest); probe() names missing ones.
 SCOPES = ("channels:history", "groups:history", "chat:write", "reactions:write",
           "files:read", "files:write", "users:read", "commands")
@@ -189,7 +187,10 @@ class SlackAdapter(Adapter):
                                    bot_user_id=me.user_id, bot_id=me.bot_id, bot_token=token)
 
         app = AsyncApp(
-            client=client,
+            # Without a token: Bolt takes the bot token from ``authorize`` (a client with
+            # one of its own makes Bolt warn that it is ignored).
+            client=AsyncWebClient(base_url=client.base_url, session=client.session,
+                                  timeout=client.timeout),
             signing_secret=self._secrets.signing_secret or None,
             authorize=authorize,
             process_before_response=True,
