@@ -245,8 +245,11 @@ async def test_protocol_status_is_acknowledged_at_once_and_answered_with_block_k
         assert answered["response_type"] == "in_channel"
         header = answered["blocks"][0]
         assert header["type"] == "header" and header["text"]["type"] == "plain_text"
-        shown = json.dumps(answered["blocks"])
-        assert "sl" in shown and answered["text"]
+        fields = {f["text"].split("\n")[0]: f["text"] for b in answered["blocks"]
+                  for f in b.get("fields", [])}
+        assert "sl: up" in fields["*transports*"]
+        assert "bad_signatures: 0" in fields["*transport sl*"]  # the health figures
+        assert answered["text"].startswith("*bot-protocol status*")
         assert adapter_of(gw).stats()["commands"] == 1
 
 

@@ -242,13 +242,14 @@ class Inbound:
                 return False
             self.caught_up += 1
         if budget and len(missed) >= budget:
-            log.warning("channel %s: more than catch_up_max_messages (%d) missed; later ones "
-                        "skipped", channel, budget, extra={"transport": self._transport})
+            log.warning("channel %s: catch_up_max_messages (%d) or more missed; older ones "
+                        "may be skipped", channel, budget, extra={"transport": self._transport})
         lane.behind = False
         return True
 
     async def _missed(self, channel: str, cursor: str, budget: int) -> list[dict[str, Any]]:
-        """Messages and thread replies after ``cursor``, oldest first, at most ``budget``."""
+        """Messages and thread replies after ``cursor``, oldest first: the most recent
+        ``budget`` of them."""
         after = ts_key(cursor)
         found: dict[str, dict[str, Any]] = {}
         parents: list[str] = []
@@ -275,7 +276,8 @@ class Inbound:
                                            ts=parent, oldest=cursor):
                 if str(reply.get("ts")) != parent and ts_key(str(reply.get("ts"))) > after:
                     found[str(reply["ts"])] = reply
-        return sorted(found.values(), key=lambda m: ts_key(str(m.get("ts"))))[:budget]
+        # The most recent ``budget`` of them (history pages come newest first).
+        return sorted(found.values(), key=lambda m: ts_key(str(m.get("ts"))))[-budget:]
 
     async def _pages(self, method: str, most: int, **args: Any) -> AsyncIterator[
             dict[str, Any]]:

@@ -206,7 +206,8 @@ class SlackAdapter(Adapter):
     async def _listen(self, app: AsyncApp) -> None:
         web_app = web.Application(client_max_size=self.settings.max_body_bytes)
         web_app.router.add_post(self.settings.events_path, self._http_request)
-        runner = self._runner = web.AppRunner(web_app, access_log=None)
+        runner = self._runner = web.AppRunner(web_app, access_log=None,
+                                              shutdown_timeout=STOP_GRACE_SECONDS)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.listen_host, self.settings.listen_port)
         await site.start()
