@@ -12,8 +12,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import settings
 
 from servers import PrivateNats, PrivateValkey
+
+# Property tests check results, not speed (benchmarks do that): on a loaded 2-core CI
+# machine a per-example deadline only makes them flaky.
+settings.register_profile("bpgw", deadline=None)
+settings.load_profile("bpgw")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
