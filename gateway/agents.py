@@ -425,6 +425,26 @@ class AgentDirectory:
             self._learned.put(key, learned)
         return [learned]
 
+    async def looks_like(self, name: str) -> str | None:
+        """The declared, credential-owned or bound agent ``name`` looks like (same UTS #39
+        skeleton, another canonical key), as that agent writes its name; None if none.
+
+        Such a name can never be held (binding it is refused as impersonation), so a
+        message addressed to it would wait on nobody.
+        """
+        key = name_key(name)
+        if key in self._declared:
+            return None
+        shape = skeleton(key)
+        agent = self._by_skeleton.get(shape)
+        if agent is not None:
+            return agent.name
+        owner = await self._redis.hget(self._prefix + "skel", shape)
+        if owner is None or _text(owner) == key:
+            return None
+        shown = await self._redis.hget(self._prefix + "name", _text(owner))
+        return _text(shown if shown is not None else owner)
+
     async def broadcast_targets(self) -> list[tuple[Address, str]]:
         """Where a BROADCAST goes: every declared address and the indexed learned channels
         (one per transport channel, at most ``broadcast_max_targets``), with their agents.

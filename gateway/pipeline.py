@@ -276,6 +276,15 @@ class Pipeline:
         fp = fingerprint(msg)
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         targets = await self._targets(msg, env.address, None)
+        if not msg.is_broadcast and not any(r for _, r in targets):
+            # Only a name nobody lives at can be a lookalike (a lookalike is never bound).
+            other = await self._directory.looks_like(msg.to)
+            if other is not None:
+                reason = (
+                    f"the recipient @{msg.to} looks like @{other}, another agent's name, and "
+                    f"nobody may hold it; address @{other} by its own name"
+                )
+                return await self._reject(env, msg, _Rejection("impersonation", reason))
         # The relays are journaled in the same atomic step as the state change, and the
         # loop guard is checked and charged in it too (shared by every replica).
         entry = self._entry(msg, targets, sender_at=env.address) if targets else ""

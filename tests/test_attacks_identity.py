@@ -287,6 +287,31 @@ async def test_lookalike_of_a_learned_name_is_refused(
     assert status == 422 and "looks like @Olaf" in body["detail"], body
 
 
+@pytest.mark.parametrize(
+    ("recipient", "looks_like"),
+    [
+        ("Маntis", "Mantis"),
+        ("ｍａｎｔｉｓ", None),
+        ("MANTlS", "Mantis"),
+        ("0laf", "Olaf"),
+        ("Carо1", "Carol"),
+    ],
+)
+async def test_a_lookalike_recipient_is_refused_and_nothing_is_opened(
+    gw: Gateway, http: aiohttp.ClientSession, recipient: str, looks_like: str | None
+) -> None:
+    # Mantis is declared (gwkit), Carol holds a token, Olaf is learned by Dave.
+    await post(http, gw, "Dave", render(build_request(sender="Olaf", to="Lotbot", task="x")))
+    req = build_request(sender="Erin", to=recipient, task="x")
+    status, body = await post(http, gw, "Erin", render(req))
+    if looks_like is None:  # the same name canonically (NFKC): delivered to Mantis
+        assert status == 200 and body["warnings"] == [], body
+        return
+    assert status == 422 and body["outcome"] == "rejected", body
+    assert body["detail"].startswith("impersonation:") and f"like @{looks_like}" in body["detail"]
+    assert await gw.store.get(req.request_id) is None
+
+
 async def test_non_latin_names_keep_working(gw: Gateway, http: aiohttp.ClientSession) -> None:
     req = build_request(sender="智能体A", to="Lotbot", task="翻译这段文字")
     status, body = await post(http, gw, "Dave", render(req))
