@@ -714,4 +714,5 @@ def _combine(results: list[Disposition]) -> Disposition:
         "; ".join(d.detail for d in results if d.detail),
         tuple(rid for d in results for rid in d.request_ids),
         tuple(e for d in results for e in d.errors),
+        tuple(w for d in results for w in d.warnings),
     )

@@ -125,6 +125,13 @@ async def test_a_request_to_an_agent_without_an_address_warns(
         ok = build_request(sender="Lotbot", to="Mantis", task="check disk")
         status, body = await _post(http, f"{base}/v1/messages", {"text": render(ok)}, AGENT)
         assert status == 200 and body["warnings"] == [], body
+        # Several blocks in one message: each block's warning is kept.
+        two = [build_request(sender="Lotbot", to=to, task="t") for to in ("Nobody", "Noone")]
+        text = "\n".join(render(r) for r in two)
+        status, body = await _post(http, f"{base}/v1/messages", {"text": text}, AGENT)
+        assert status == 200 and body["outcome"] == "accepted", body
+        warned = [(w["code"], w["agent"], w["request_id"]) for w in body["warnings"]]
+        assert warned == [("no_address", r.to, r.request_id) for r in two], body
 
 
 async def test_conversations_filters_over_http(
