@@ -11,7 +11,9 @@ Nothing here imports a platform library; each adapter module imports its own.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import pkgutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -652,6 +654,14 @@ def registered_kinds() -> Sequence[str]:
     return sorted(_REGISTRY)
 
 
+def available_kinds() -> list[str]:
+    """Every transport kind a config may name: the registered ones and the adapter
+    packages shipped under ``adapters/`` (imported only when used)."""
+    shipped = importlib.import_module("adapters").__path__
+    packages = {m.name for m in pkgutil.iter_modules(shipped) if m.ispkg}
+    return sorted(set(registered_kinds()) | packages)
+
+
 def create_adapter(kind: str, name: str, options: Mapping[str, Any]) -> Adapter:
     """Instantiate the adapter registered for ``kind`` as transport ``name``.
 
@@ -670,8 +680,10 @@ def create_adapter(kind: str, name: str, options: Mapping[str, Any]) -> Adapter:
     try:
         factory = _REGISTRY[kind]
     except KeyError:
-        known = ", ".join(registered_kinds()) or "none"
+        known = available_kinds()
+        close = difflib.get_close_matches(kind, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"
         raise ConfigError(
-            f"transports.{name}.kind: unknown transport kind {kind!r} (known: {known})"
+            f"transports.{name}.kind: unknown transport kind {kind!r} ({hint})"
         ) from None
     return factory(name, options)

@@ -100,6 +100,8 @@ def describe_validation_error(
         reason = error["msg"]
         if error["type"] in ("value_error", "assertion_error"):
             reason = str(error.get("ctx", {}).get("error", reason))
+            # A ConfigError raised in a validator: the prefix is said once, in front.
+            reason = reason.removeprefix(ConfigError.PREFIX)
         elif error["type"] != "missing":
             reason += _echo(key, error.get("input"))
         problems.append(f"{key}: {reason}" if key else reason)

@@ -149,6 +149,11 @@ def test_addresses() -> None:
         ("[state.timeouts]\nrequest = -1\n", "state.timeouts: request timeout must be positive"),
         ("[transports.api]\nkind = 'http'\nport = 70000\n", "transports.api.port: Input should"),
         ("[state\n", "is not valid TOML"),
+        ('mirrors = ["nope"]\n', "mirrors: address 'nope' must look like"),
+        (
+            "[transports.htp]\nport = 1\n",
+            "transports.htp.kind: unknown transport kind 'htp' (did you mean http?)",
+        ),
     ],
 )
 async def test_config_errors_read_the_same(tmp_path: Path, toml: str, message: str) -> None:
@@ -160,8 +165,17 @@ async def test_config_errors_read_the_same(tmp_path: Path, toml: str, message: s
             create_adapter(config.transport_kind(name), name, config.transport_options(name))
     text = str(err.value)
     assert text.startswith("invalid configuration: "), text
+    assert text.count("invalid configuration") == 1, text
     assert message in text, text
     assert "Extra inputs" not in text and "Value error" not in text
+
+
+def test_an_unknown_transport_kind_lists_the_shipped_ones(tmp_path: Path) -> None:
+    # The adapter packages are imported lazily: the list must not depend on which were.
+    with pytest.raises(ConfigError) as err:
+        create_adapter("zzzz", "x", {})
+    known = str(err.value).split("(known: ", 1)[1].rstrip(")").split(", ")
+    assert {"http", "discord", "telegram", "slack", "mq9", "ainet"} <= set(known), known
 
 
 def test_a_token_is_never_echoed_in_an_error(tmp_path: Path) -> None:
