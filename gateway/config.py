@@ -110,6 +110,10 @@ class StateSection(_Section):
             _ = parts.port  # not a number, or out of range
         except ValueError as exc:
             raise ValueError(f"bad port: {exc}") from None
+        # redis-py silently reads database 0 for a path that is not a number.
+        db = parts.path.strip("/")
+        if parts.scheme != "unix" and db and not db.isdigit():
+            raise ValueError(f"the database after the port must be a number, not {db!r}")
         return value
 
     @field_validator("timeouts")

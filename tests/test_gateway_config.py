@@ -95,6 +95,7 @@ def test_file_env_override_and_secret_reference(tmp_path: Path) -> None:
         ("[state\n", {}, "not valid TOML"),
         ("", {"BPGW_POLICY__PAIR_BUDGET_MESSAGES": "lots"}, "policy.pair_budget_messages"),
         ('[state]\nredis_url = "localhost:6379"\n', {}, "state.redis_url"),
+        ('[state]\nredis_url = "redis://h:6379/abc"\n', {}, "state.redis_url: the database"),
     ],
 )
 def test_bad_config_names_the_key(
