@@ -380,9 +380,8 @@ class Pipeline:
         return out
 
     async def _authenticate(self, env: Envelope, msg: Message) -> _Rejection | None:
-        check = await self._directory.check_sender(msg.sender, env.identity, env.address)
-        if not check.ok:
-            return _identity_rejection(check, msg, env.identity)
+        # The identity check comes last: under tofu it binds the name, and a message
+        # that fails its Signature or squats a RequestId must not bind anything.
         key = await self._directory.public_key(msg.sender)
         if key is not None:
             if msg.signature is None:
@@ -403,6 +402,9 @@ class Pipeline:
                     f"only @{owner} may open it. Use a RequestId of your own, like "
                     f"{new_request_id(msg.sender)}",
                 )
+        check = await self._directory.check_sender(msg.sender, env.identity, env.address)
+        if not check.ok:
+            return _identity_rejection(check, msg, env.identity)
         return None
 
     async def _reject(

@@ -7,6 +7,7 @@ Redis/Valkey) and checks what must hold afterwards.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -15,13 +16,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from adapters.base import OutboundKind
 from adapters.http import HttpAdapter
 from gateway.app import Gateway
 from gateway.cli import main as cli_main
 from gateway.config import ConfigError, load_config
-from protocol import build_broadcast, build_request, build_response, parse, render
+from protocol import build_broadcast, build_request, build_response, parse, render, sign
 
 from gwkit import make_config, memory, running, sent_to
 
@@ -168,6 +171,32 @@ async def test_operators_show_and_reset_a_learned_binding(
     assert status == 200 and body["outcome"] == "accepted", body
     shown = await command(http, gw, "root", "identity", "show", "Quill")
     assert fields(shown)["bound to"] == "web:Erin"
+
+
+async def test_a_refused_message_binds_no_name(gw: Gateway, http: aiohttp.ClientSession) -> None:
+    private = Ed25519PrivateKey.generate()
+    raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    registered = await command(
+        http, gw, "root", "key", "Keyed", base64.urlsafe_b64encode(raw).decode()
+    )
+    assert registered["ok"], registered
+    # Dave speaks first as names nobody holds yet, with messages that are refused: unsigned
+    # for a name with a key, and squatting Carol's RequestId. Neither may bind the name.
+    unsigned = build_request(sender="Keyed", to="Lotbot", task="mine now")
+    status, body = await post(http, gw, "Dave", render(unsigned))
+    assert status == 422 and body["detail"].startswith("signature:"), body
+    squat = build_request(sender="Ymir", to="Lotbot", task="x", request_id="carol-1")
+    status, body = await post(http, gw, "Dave", render(squat))
+    assert status == 422 and body["detail"].startswith("request_id:"), body
+    assert await gw.directory.learned("Keyed") is None
+    assert await gw.directory.learned("Ymir") is None
+    # The key's holder, on another token, then speaks as Keyed; Erin may take Ymir.
+    signed = sign(build_request(sender="Keyed", to="Lotbot", task="it is me"), private)
+    status, body = await post(http, gw, "Erin", render(signed))
+    assert status == 200 and body["outcome"] == "accepted", body
+    own = build_request(sender="Ymir", to="Lotbot", task="x")
+    status, body = await post(http, gw, "Erin", render(own))
+    assert status == 200 and body["outcome"] == "accepted", body
 
 
 def test_cli_lists_shows_and_resets_learned_bindings(
