@@ -191,3 +191,42 @@ def test_check_fails_with_the_fix(
     proc = bpgw("check", "--config", str(bad), cwd=tmp_path)
     assert proc.returncode == 1 and "FAIL  configuration" in proc.stdout
     assert "state.redis_url" in proc.stdout and "fix: correct the key" in proc.stdout
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of running processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find left-over servers")
+def test_demo_stopped_by_sigterm_leaves_no_servers_or_folder() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "demo"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        data_dir = ""
+        for line in proc.stdout:
+            if found := re.search(r"data in (\S+?)/valkey", line):
+                data_dir = found.group(1)
+            if line.startswith("AINET agent"):  # embedded Valkey, NATS and AINET all up
+                break
+        assert data_dir, "the demo never said where its data lives"
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, 128 + signal.SIGTERM)
+    assert not Path(data_dir).exists()
+    assert _processes_mentioning(data_dir) == []

@@ -152,14 +152,47 @@ async def _serve(config: GatewayConfig, tokens: dict[str, str] | None) -> int:
     return 0
 
 
+async def _cancelled_by_sigterm(main: Coroutine[Any, Any, int]) -> int:
+    """Await ``main``; SIGTERM cancels it like Ctrl-C, so its cleanup (embedded servers,
+    temporary folders) runs instead of the process dying with children left behind.
+    ``main`` may install its own SIGTERM handler (``bpgw run`` stops gracefully)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await main
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Await ``cleanup`` even when cancelled meanwhile (a SIGTERM during the demo's
+    shutdown must not leave its embedded servers running); then re-raise the cancel."""
+    task = asyncio.ensure_future(cleanup)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+
+
 def _run_loop(main: Coroutine[Any, Any, int]) -> int:
-    """Run ``main`` on uvloop when it is installed (fewer cycles per socket operation)."""
+    """Run ``main`` on uvloop when it is installed (fewer cycles per socket operation).
+
+    Returns 143 (128 + SIGTERM) when a SIGTERM cancelled it.
+    """
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
+        loop_factory = None
+    else:
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        try:
+            return runner.run(_cancelled_by_sigterm(main))
+        except asyncio.CancelledError:
+            return 128 + signal.SIGTERM
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -203,7 +236,7 @@ async def _demo(as_json: bool) -> int:
         finally:
             await mq9_agent.close()
     finally:
-        await gateway.stop()
+        await _to_the_end(gateway.stop())
         with contextlib.suppress(OSError):
             shutil.rmtree(data_dir)
     if as_json:
