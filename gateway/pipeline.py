@@ -277,14 +277,9 @@ class Pipeline:
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         targets = await self._targets(msg, env.address, None)
         if not msg.is_broadcast and not any(r for _, r in targets):
-            # Only a name nobody lives at can be a lookalike (a lookalike is never bound).
-            other = await self._directory.looks_like(msg.to)
-            if other is not None:
-                reason = (
-                    f"the recipient @{msg.to} looks like @{other}, another agent's name, and "
-                    f"nobody may hold it; address @{other} by its own name"
-                )
-                return await self._reject(env, msg, _Rejection("impersonation", reason))
+            refused = await self._unholdable_recipient(msg)
+            if refused is not None:
+                return await self._reject(env, msg, refused)
         # The relays are journaled in the same atomic step as the state change, and the
         # loop guard is checked and charged in it too (shared by every replica).
         entry = self._entry(msg, targets, sender_at=env.address) if targets else ""
@@ -353,6 +348,28 @@ class Pipeline:
             f"{detail}; queued for delivery to {len(targets)} address(es)",
             (msg.request_id,),
             warnings=tuple(warnings),
+        )
+
+    async def _unholdable_recipient(self, msg: Message) -> _Rejection | None:
+        """Why ``msg`` may not be addressed to its recipient: a name nobody may ever
+        hold, so the conversation would wait on nobody. Only asked for a recipient with
+        no address (such a name is never bound, so never has one)."""
+        if self._directory.reserved(msg.to) is not None:
+            prefix = self._config.gateway.command_prefix
+            return _Rejection(
+                "illegal",
+                f"@{msg.to} is (or looks like) the gateway's own name; the gateway answers "
+                f"no protocol messages: address an agent, or ask the gateway with {prefix} "
+                "commands",
+                violation=False,
+            )
+        other = await self._directory.looks_like(msg.to)
+        if other is None:
+            return None
+        return _Rejection(
+            "impersonation",
+            f"the recipient @{msg.to} looks like @{other}, another agent's name, and nobody "
+            f"may hold it; address @{other} by its own name",
         )
 
     def _warnings(

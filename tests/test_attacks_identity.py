@@ -341,6 +341,17 @@ async def test_a_lookalike_recipient_is_refused_and_nothing_is_opened(
     assert await gw.store.get(req.request_id) is None
 
 
+@pytest.mark.parametrize("recipient", ["bpgw", "BPGW", "ｂｐｇｗ", "ЬPGW"])
+async def test_nothing_is_addressed_to_the_gateway(
+    gw: Gateway, http: aiohttp.ClientSession, recipient: str
+) -> None:
+    req = build_request(sender="Dave", to=recipient, task="x")
+    status, body = await post(http, gw, "Dave", render(req))
+    assert status == 422 and body["detail"].startswith("illegal:"), body
+    assert "the gateway's own name" in body["detail"]
+    assert await gw.store.get(req.request_id) is None
+
+
 async def test_non_latin_names_keep_working(gw: Gateway, http: aiohttp.ClientSession) -> None:
     req = build_request(sender="智能体A", to="Lotbot", task="翻译这段文字")
     status, body = await post(http, gw, "Dave", render(req))
