@@ -12,11 +12,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from adapters.base import Adapter, Address, DeliveryError, HealthState, Outbound
+
+
+class SinkWithoutCursors:
+    """Enough of a gateway for a transport that never gets to read a message."""
+
+    def cursors(self, transport: str) -> Any:
+        return None
 
 
 async def refusals_are_classified(

@@ -26,6 +26,7 @@ from gateway.app import Gateway
 from protocol import build_request, parse, render
 
 from chat_checks import (
+    SinkWithoutCursors,
     options_are_documented,
     probe_reports_refusals,
     refusals_are_classified,
@@ -528,13 +529,6 @@ async def test_the_message_content_intent_not_enabled_says_how_to_fix_it(
     assert adapter.health().state is HealthState.DOWN
     assert "Message Content Intent" in adapter.health().detail
     await adapter.stop()
-
-
-class SinkWithoutCursors:
-    """Enough of a gateway for a transport that never gets to read a message."""
-
-    def cursors(self, transport: str) -> Any:
-        return None
 
 
 @pytest.mark.parametrize(("mode", "where"), [("global", "global"), ("off", None)])

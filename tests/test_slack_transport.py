@@ -20,14 +20,16 @@ import pytest
 import redis.asyncio as aioredis
 from slack_sdk.errors import SlackApiError
 
-from adapters.base import Address, ConfigError, Outbound, create_adapter
+from adapters.base import Address, ConfigError, HealthState, Outbound, create_adapter
 from adapters.slack import SlackAdapter
 from adapters.slack.settings import SlackSettings, load_settings
 from adapters.slack.text import escape, unescape
+from adapters.slack.transport import AppTokenRefused
 from gateway.app import Gateway
 from protocol import build_request, parse, render
 
 from chat_checks import (
+    SinkWithoutCursors,
     options_are_documented,
     probe_reports_refusals,
     refusals_are_classified,
@@ -446,11 +448,27 @@ async def test_a_refused_token_leaves_the_transport_down(emulator: SlackEmulator
                                        SlackApiError)
 
 
+async def test_a_refused_app_token_leaves_socket_mode_down(emulator: SlackEmulator) -> None:
+    adapter = slack_adapter(emulator, mode="socket", app_token="xapp-refused-0000")
+    with pytest.raises(AppTokenRefused):
+        await adapter.start(SinkWithoutCursors())  # type: ignore[arg-type]
+    assert adapter.health().state is HealthState.DOWN
+    assert "app-level token" in adapter.health().detail
+    await adapter.stop()
+
+
 async def test_probe_checks_the_token_and_scopes(emulator: SlackEmulator) -> None:
     token, scopes, mode = await slack_adapter(emulator).probe()
     assert token.ok and "U0GATEWAY" in token.detail
     assert scopes.ok and scopes.detail == "all granted"
     assert mode.ok and "/slack/events" in mode.detail
+    busy = await slack_adapter(emulator, listen_port=int(emulator.url.rsplit(":", 1)[1])).probe()
+    assert not busy[-1].ok and "cannot listen" in busy[-1].detail and busy[-1].fix
+    [_, _, socket] = await slack_adapter(emulator, mode="socket", app_token=APP_TOKEN).probe()
+    assert socket.ok and "app-level token accepted" in socket.detail
+    [_, _, refused] = await slack_adapter(emulator, mode="socket",
+                                          app_token="xapp-refused-0000").probe()
+    assert not refused.ok and "invalid_auth" in refused.detail and refused.fix
     await probe_reports_refusals(lambda **o: slack_adapter(emulator, **o),
                                  token="xoxb-refused-0000",
                                  api_base_url="http://127.0.0.1:9/api/", refused="invalid_auth")

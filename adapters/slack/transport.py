@@ -70,6 +70,10 @@ SCOPES = ("channels:history", "groups:history", "chat:write", "reactions:write",
           "files:read", "files:write", "users:read", "commands")
 
 
+class AppTokenRefused(Exception):
+    """Socket Mode could not open: Slack refused the app-level token."""
+
+
 class NotCommitted(Exception):
     """An event the gateway could not commit: answered so that Slack delivers it again."""
 
@@ -219,7 +223,14 @@ class SlackAdapter(Adapter):
                                                         logger=log.getChild("socket"))
         handler.client.message_listeners.append(self._on_socket_message)
         handler.client.on_close_listeners.append(self._on_socket_close)
-        await handler.connect_async()  # type: ignore[no-untyped-call]
+        try:  # once ourselves: slack_sdk retries a refused app token forever
+            await app.client.apps_connections_open(app_token=app_token)
+        except SlackApiError as exc:
+            raise AppTokenRefused(
+                f"Slack refused the app-level token ({exc.response.get('error')}): check "
+                "app_token / app_token_env (an xapp- token with connections:write)") from None
+        async with asyncio.timeout(self.settings.request_timeout_seconds * 3):
+            await handler.connect_async()  # type: ignore[no-untyped-call]
 
     async def _on_socket_message(
         self, client: AsyncBaseSocketModeClient, message: dict[str, Any], raw: str | None
@@ -246,8 +257,6 @@ class SlackAdapter(Adapter):
         app = self._app
         if app is None:
             return _retry_later("the gateway is stopping")
-        if request.headers.get("X-Slack-Retry-Num"):
-            self.retries += 1
         body = (await request.read()).decode("utf-8", errors="replace")
         response = await app.async_dispatch(AsyncBoltRequest(
             body=body, query=request.query_string, headers=dict(request.headers)))
@@ -263,8 +272,10 @@ class SlackAdapter(Adapter):
 
     # -- events ----------------------------------------------------------------------
 
-    async def _on_message(self, event: dict[str, Any]) -> None:
+    async def _on_message(self, event: dict[str, Any], request: AsyncBoltRequest) -> None:
         inbound = self._inbound
+        if request.headers.get("x-slack-retry-num"):  # both modes carry it (HTTP header)
+            self.retries += 1
         self.events += 1
         self.last_event_at = time.time()
         if inbound is None or not await inbound.live(event):
@@ -405,38 +416,64 @@ class SlackAdapter(Adapter):
         }
 
     async def probe(self) -> Sequence[Probe]:
-        """``auth.test`` with the bot token, and the scopes Slack says it has."""
+        """``auth.test`` with the bot token and the scopes Slack says it has; then the
+        app-level token (Socket Mode) or the listener's address (HTTP mode)."""
         check = f"transport {self.name}: slack token"
         api = self.settings.api_base_url
-        try:
-            async with aiohttp.ClientSession() as http:
-                client = AsyncWebClient(token=self._secrets.bot_token, base_url=api,
-                                        session=http, timeout=PROBE_TIMEOUT_SECONDS)
+        async with aiohttp.ClientSession() as http:
+            client = AsyncWebClient(token=self._secrets.bot_token, base_url=api,
+                                    session=http, timeout=PROBE_TIMEOUT_SECONDS)
+            try:
                 auth = await client.auth_test()
-        except SlackApiError as exc:
-            error = exc.response.get("error") if isinstance(exc.response.data, dict) else ""
-            return (Probe(check, False, f"auth.test refused the bot token ({error})",
-                          "copy the Bot User OAuth Token (xoxb-...) again from OAuth & "
-                          "Permissions into bot_token or its *_env variable"),)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-            return (Probe(check, False, f"cannot reach {api}: {exc or type(exc).__name__}",
-                          "check the network and api_base_url"),)
-        rows = [Probe(check, True, f"bot {auth.get('user')} ({auth.get('user_id')}) in "
-                                   f"{auth.get('team')}")]
-        granted = auth.headers.get("x-oauth-scopes") or auth.headers.get("X-OAuth-Scopes")
-        if granted is not None:
-            have = {s.strip() for s in str(granted).split(",")}
-            missing = [s for s in SCOPES if s not in have]
-            rows.append(Probe(
-                f"transport {self.name}: scopes", not missing,
-                "all granted" if not missing else "missing: " + ", ".join(missing),
-                "" if not missing else "add them under OAuth & Permissions (or the manifest "
-                "in docs/slack.md) and reinstall the app"))
-        rows.append(Probe(f"transport {self.name}: mode", True,
-                          "socket mode (app-level token)" if self.mode == "socket" else
-                          f"HTTP mode: Request URL -> {self.settings.listen_host}:"
-                          f"{self.settings.listen_port}{self.settings.events_path}"))
+            except SlackApiError as exc:
+                return (Probe(check, False,
+                              f"auth.test refused the bot token ({exc.response.get('error')})",
+                              "copy the Bot User OAuth Token (xoxb-...) again from OAuth & "
+                              "Permissions into bot_token or its *_env variable"),)
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                return (Probe(check, False, f"cannot reach {api}: {exc or type(exc).__name__}",
+                              "check the network and api_base_url"),)
+            rows = [Probe(check, True, f"bot {auth.get('user')} ({auth.get('user_id')}) in "
+                                       f"{auth.get('team')}")]
+            granted = auth.headers.get("x-oauth-scopes") or auth.headers.get("X-OAuth-Scopes")
+            if granted is not None:
+                have = {s.strip() for s in str(granted).split(",")}
+                missing = [s for s in SCOPES if s not in have]
+                rows.append(Probe(
+                    f"transport {self.name}: scopes", not missing,
+                    "all granted" if not missing else "missing: " + ", ".join(missing),
+                    "" if not missing else "add them under OAuth & Permissions (or the "
+                    "manifest in docs/slack.md) and reinstall the app"))
+            rows.append(await self._probe_mode(client))
         return rows
+
+    async def _probe_mode(self, client: AsyncWebClient) -> Probe:
+        check = f"transport {self.name}: {self.mode} mode"
+        app_token = self._secrets.app_token
+        if app_token is not None:
+            try:
+                await client.apps_connections_open(app_token=app_token)
+            except SlackApiError as exc:
+                return Probe(check, False,
+                             f"Slack refused the app-level token ({exc.response.get('error')})",
+                             "generate an app-level token with connections:write (Basic "
+                             "Information -> App-Level Tokens) into app_token or its variable")
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                return Probe(check, False, f"apps.connections.open failed: {exc}",
+                             "check the network and api_base_url")
+            return Probe(check, True, "app-level token accepted")
+        s = self.settings
+        where = f"{s.listen_host}:{s.listen_port}"
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                asyncio.Protocol, s.listen_host, s.listen_port)
+        except OSError as exc:
+            return Probe(check, False, f"cannot listen on {where}: {exc.strerror or exc}",
+                         "free the port or change listen_host / listen_port")
+        server.close()
+        await server.wait_closed()
+        return Probe(check, True, f"listening on {where}{s.events_path} will work; Slack's "
+                                  "Request URL must reach it (docs/slack.md, step 1)")
 
 
 def _retry_later(why: str) -> web.Response:
@@ -492,6 +529,8 @@ def _seconds(header: str | None) -> float | None:
 
 def _why_down(exc: BaseException) -> str:
     """A health detail telling the operator what to fix."""
+    if isinstance(exc, AppTokenRefused):
+        return str(exc)
     if isinstance(exc, SlackApiError):
         error = exc.response.get("error") if isinstance(exc.response.data, dict) else ""
         return f"Slack refused the bot token ({error}): check bot_token / bot_token_env"
