@@ -20,7 +20,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from adapters.base import Adapter, Probe
 from gateway.config import GatewayConfig
-from state.connection import EMBEDDED, BadRedisURL, embedded_folder, open_redis
+from state.connection import EMBEDDED, BadRedisURL, embedded_folder, open_redis, shown_url
 from state.settings import StateSettings
 
 # Each probe must answer within this long (a transport's network call, Redis connecting).
@@ -88,7 +88,7 @@ async def _server_rows(client: Any, where: str) -> list[Probe]:
 
 
 def _unreachable(settings: StateSettings, exc: BaseException) -> Probe:
-    detail = f"{settings.redis_url}: {exc or type(exc).__name__}"
+    detail = f"{shown_url(settings.redis_url)}: {exc or type(exc).__name__}"
     if isinstance(exc, BadRedisURL):
         fix = "write [state] redis_url as redis://host:port/db (or rediss://, unix://)"
     elif settings.redis_url == EMBEDDED:
@@ -131,7 +131,7 @@ async def check_state(config: GatewayConfig) -> list[Probe]:
     """
     settings = config.state_settings()
     if settings.redis_url != EMBEDDED:
-        return await _connect(settings, f"at {settings.redis_url}")
+        return await _connect(settings, f"at {shown_url(settings.redis_url)}")
     data_dir = Path(settings.data_dir)
     folder = embedded_folder(data_dir)
     if await asyncio.to_thread(folder.exists):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +122,17 @@ class _Pool(aioredis.BlockingConnectionPool):
 
 class BadRedisURL(ValueError):
     """The Redis URL can not be used (no such scheme, a port that is not a number...)."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password masked, for messages and banners (``redis://u:***@h``,
+    ``unix:///s?password=***``)."""
+    url = _URL_PASSWORD.sub(r"\1:***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+_URL_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*):[^/?#]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
 
 
 def embedded_folder(data_dir: Path) -> Path:

@@ -230,3 +230,25 @@ def test_demo_stopped_by_sigterm_leaves_no_servers_or_folder() -> None:
     assert proc.returncode in (0, 128 + signal.SIGTERM)
     assert not Path(data_dir).exists()
     assert _processes_mentioning(data_dir) == []
+
+
+def test_a_redis_password_is_never_printed(tmp_path: Path) -> None:
+    # Nothing listens on the port: every command fails and says where it looked.
+    url = f"redis://bpgw:s3cret-pw@127.0.0.1:{free_port()}/0"
+    for command in (("status", "--redis-url", url), ("show", "x-1", "--redis-url", url),
+                    ("check",)):
+        proc = bpgw(*command, cwd=tmp_path, env={"BPGW_STATE__REDIS_URL": url})
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        said = proc.stdout + proc.stderr
+        assert "s3cret-pw" not in said and "redis://bpgw:***@127.0.0.1" in said, said
+
+
+def test_status_says_which_store_it_read_and_that_it_is_empty(
+    tmp_path: Path, redis_url: str, namespace: str
+) -> None:
+    proc = bpgw("status", "--redis-url", redis_url, "--namespace", namespace, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"state: {redis_url}, namespace {namespace!r}", lines
+    assert "no conversations in this store and namespace" in lines[2]
+    assert "--namespace NS" in lines[2] and "open load by agent: none" in lines

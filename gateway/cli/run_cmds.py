@@ -31,7 +31,7 @@ from gateway.demo import DemoError, run_demo
 from gateway.demo_ainet import FileAgent, with_auditor, workspace_of
 from gateway.demo_mq9 import MQ9_AGENT, connect_mq9_agent, with_mq9_agent
 from gateway.logs import configure_logging
-from state.connection import EMBEDDED, BadRedisURL, embedded_folder
+from state.connection import EMBEDDED, BadRedisURL, embedded_folder, shown_url
 
 
 def register(sub: Any) -> None:
@@ -91,7 +91,7 @@ def describe_state(gateway: Gateway) -> str:
     """Where the gateway keeps its state, as an operator needs to find it again."""
     cfg = gateway.config
     if cfg.state.redis_url != EMBEDDED:
-        return f"Redis at {gateway.redis_url} (namespace {cfg.state.namespace!r})"
+        return f"Redis at {shown_url(gateway.redis_url)} (namespace {cfg.state.namespace!r})"
     return (
         f"the embedded Valkey at {gateway.redis_url} (namespace {cfg.state.namespace!r}), "
         f"data in {embedded_folder(cfg.gateway.data_dir).absolute()}"

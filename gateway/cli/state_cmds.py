@@ -21,7 +21,14 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_status
-from state.connection import EMBEDDED, BadRedisURL, RedisHandle, embedded_folder, open_redis
+from state.connection import (
+    EMBEDDED,
+    BadRedisURL,
+    RedisHandle,
+    embedded_folder,
+    open_redis,
+    shown_url,
+)
 from state.records import Conversation
 from state.settings import StateSettings
 from state.store import ConversationStore
@@ -104,10 +111,16 @@ def with_redis(settings: StateSettings,
     except BrokenPipeError:
         raise  # the reader went away (`| head`): not a state store problem
     except (RedisError, OSError, BadRedisURL) as exc:
-        where = (f"the embedded Valkey of data folder {Path(settings.data_dir).absolute()}"
-                 if settings.redis_url == EMBEDDED else settings.redis_url)
-        print(f"bpgw: cannot use the state store, {where}: {exc}", file=sys.stderr)
+        print(f"bpgw: cannot use the state store, {store_name(settings)}: {exc}",
+              file=sys.stderr)
         return 1
+
+
+def store_name(settings: StateSettings) -> str:
+    """Which state store ``settings`` name, as a person would say it."""
+    if settings.redis_url == EMBEDDED:
+        return f"the embedded Valkey of data folder {Path(settings.data_dir).absolute()}"
+    return shown_url(settings.redis_url)
 
 
 def with_store(args: argparse.Namespace,
@@ -146,7 +159,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             _print_json({"counts": counts, "oldest_open": oldest, "load_by_agent": load,
                          "outbox": await outbox.stats()})
             return 0
+        print(f"state: {store_name(settings)}, namespace {settings.namespace!r}")
         print("conversations: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        if not any(counts.values()):
+            # Often the wrong store or namespace rather than an idle gateway: say so.
+            print("  (no conversations in this store and namespace; if the gateway uses "
+                  "another, point at it with --config FILE, --redis-url URL, --namespace NS "
+                  "or --data-dir DIR)")
         for name, line in await outbox_status(outbox):
             print(f"{name}: {line}")
         print("oldest open:" if oldest else "oldest open: none")
@@ -158,7 +177,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {row['request_id']}  {row['status']:<10}  opened "
                   f"{format_duration(row['age_seconds'])} ago  waiting on {row['owes_reply']}"
                   f"{due}  {row['task']}")
-        print("open load by agent:")
+        print("open load by agent:" if load else "open load by agent: none")
         for agent, n in load.items():
             print(f"  {agent}: {n}")
         return 0
