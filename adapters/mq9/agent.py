@@ -8,6 +8,8 @@ knows the gateway's code: only the mq9 wire protocol and the bot-protocol text.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 import nats
@@ -17,6 +19,7 @@ from adapters.mq9.client import REPLY_TO_HEADER, Mq9Client, Mq9Error, Mq9Unavail
 from protocol import Message, MessageType, parse, render
 
 FETCH_BATCH = 10
+CLOSE_SECONDS = 5.0
 
 
 class Mq9Agent:
@@ -34,7 +37,9 @@ class Mq9Agent:
     async def connect(cls, url: str, name: str, mailbox: str, gateway_mailbox: str,
                       description: str = "") -> Mq9Agent:
         """Connect, create the mailbox (an existing one is reused) and REGISTER."""
-        client = Mq9Client(await nats.connect(url))
+        # Few, quick reconnect attempts: a demo fails fast rather than waiting minutes.
+        client = Mq9Client(await nats.connect(url, connect_timeout=2, reconnect_time_wait=0.5,
+                                              max_reconnect_attempts=5))
         try:
             await client.create_mailbox(mailbox, ttl=3600)
             await client.register({"name": name, "mailbox": mailbox,
@@ -50,7 +55,8 @@ class Mq9Agent:
             await self.client.unregister(self.name)
         except (Mq9Error, Mq9Unavailable):
             pass  # going anyway
-        await self.client.nc.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.client.nc.close(), CLOSE_SECONDS)
 
     async def post(self, msg: Message) -> None:
         """SEND one block to the gateway's mailbox, answers to come to ours."""

@@ -229,8 +229,8 @@ class Mq9Bridge(Adapter):
                 await asyncio.wait_for(nc.close(), CLOSE_SECONDS)
         service, self._service = self._service, None
         if service is not None:
-            with contextlib.suppress(Exception):
-                await stop_service(service)
+            with contextlib.suppress(Exception):  # bounded like the connection's close
+                await asyncio.wait_for(stop_service(service), 2 * CLOSE_SECONDS)
         embedded, self._embedded = self._embedded, None
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
