@@ -76,7 +76,7 @@ class SlackEmulator(Watched):
         self.retry_delay = 0.05
         self.rate_limited: dict[str, float] = {}
         self._clock = itertools.count(1)
-        self._base = time.time()
+        self._last_ts = 0.0
         self._sockets: list[web.WebSocketResponse] = []
         self._acks: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -116,7 +116,9 @@ class SlackEmulator(Watched):
         return self.members[who].user_id
 
     def _ts(self) -> str:
-        return f"{self._base + next(self._clock) / 1000:.6f}"
+        """A new message's ``ts``: the clock, strictly increasing (as Slack's are)."""
+        self._last_ts = max(time.time(), self._last_ts + 0.000001)
+        return f"{self._last_ts:.6f}"
 
     def _background(self, work: Any) -> None:
         task = asyncio.ensure_future(work)

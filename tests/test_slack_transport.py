@@ -544,3 +544,23 @@ async def test_a_command_typed_as_a_message_is_answered_in_its_thread(
         typed = await emulator.post("op", "/protocol status")
         [reply] = await emulator.wait_for(lambda: emulator.replies_in(typed["ts"]))
         assert reply["text"].startswith("*")  # mrkdwn: the bold title
+
+
+async def test_listed_channels_are_the_only_ones_read_and_are_tracked_from_the_start(
+    emulator: SlackEmulator, start_gateway: Callable[..., Any], http: aiohttp.ClientSession
+) -> None:
+    async with start_gateway(channels=[emulator.general]):
+        pass  # nothing posted yet: the listed channel gets a cursor at "now" anyway
+    missed = emulator.add("peer", escape(request_to_worker("listed-1")))
+    async with start_gateway(channels=[emulator.general]) as gw:
+        worker = Worker(gw, http)
+        await worker.wait_for("listed-1")
+        elsewhere = await emulator.post("peer", escape(request_to_worker("other-1")),
+                                        channel="C0OTHER")
+        _, _, n = await emulator.command("op", "status", channel="C0OTHER")
+        refused = await emulator.response(n)
+        assert refused["response_type"] == "ephemeral"
+        assert "not enabled in this channel" in refused["text"]
+        assert await gw.store.get("other-1", with_history=False) is None
+        assert not emulator.reacted(elsewhere, "white_check_mark")
+        assert emulator.reacted(missed, "white_check_mark")
