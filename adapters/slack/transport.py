@@ -205,7 +205,17 @@ class SlackAdapter(Adapter):
         )
         app.event("message")(self._on_message)
         app.command(self.settings.command_name)(self._on_command)
+        app.error(self._on_error)
         return app
+
+    async def _on_error(self, error: Exception) -> None:
+        """A listener failed; Bolt answers 500 (HTTP, mapped to 503) or does not ack."""
+        if isinstance(error, NotCommitted):
+            log.info("message %s not committed yet: Slack delivers it again", error,
+                     extra={"transport": self.name, "native_id": str(error)})
+        else:
+            log.error("slack listener failed: %s: %s", type(error).__name__, error,
+                      exc_info=error, extra={"transport": self.name})
 
     async def _listen(self, app: AsyncApp) -> None:
         web_app = web.Application(client_max_size=self.settings.max_body_bytes)
