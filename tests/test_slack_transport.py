@@ -564,3 +564,16 @@ async def test_listed_channels_are_the_only_ones_read_and_are_tracked_from_the_s
         assert await gw.store.get("other-1", with_history=False) is None
         assert not emulator.reacted(elsewhere, "white_check_mark")
         assert emulator.reacted(missed, "white_check_mark")
+
+
+async def test_a_slash_command_is_acknowledged_at_once_even_when_the_state_store_is_down(
+    emulator: SlackEmulator, start_gateway: Callable[..., Any], durable_valkey: PrivateValkey
+) -> None:
+    async with start_gateway(state_url=durable_valkey.url):
+        await asyncio.to_thread(durable_valkey.stop)
+        status, seconds, n = await emulator.command("op", "list")
+        assert status == 200 and seconds < 1.0  # Slack wants it within 3 s
+        answered = await emulator.response(n, timeout=15)
+        assert answered["response_type"] == "ephemeral", answered  # the failure, privately
+        assert answered["text"].startswith("*/protocol list failed*")
+        await asyncio.to_thread(durable_valkey.start)
