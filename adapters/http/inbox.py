@@ -7,16 +7,20 @@ One inbox = one stream of the messages not yet acknowledged, plus a small hash:
   per-entry bookkeeping on acknowledgement;
 * ``lj``: the last outbox journal id taken, so a replayed delivery is recognised and
   not stored twice (journal ids increase per inbox, as the outbox delivers in order);
-* ``out`` / ``until`` / ``oo``: the last message handed to a reader, until when it is
-  invisible to other polls (the visibility timeout), and its running total (so
+* ``out`` / ``oo``: the last message handed to a reader and its running total (so
   acknowledging it, the usual case, needs no read of the entry);
+* ``bt``: the batches handed out and not acknowledged, oldest first: each one's last id
+  and until when it is invisible to other polls (the visibility timeout);
 * ``last``: the newest entry's id (where a long-poll blocks from);
 * ``n``: the messages waiting (an inbox written before it is counted once with XLEN).
 
 A poll returns the oldest messages not in flight; ``ack=<id>`` removes every message up
-to and including ``id`` (XTRIM MINID). Unacknowledged messages come back once their
-visibility timeout passes. Each step is one Lua script on the inbox's own hash-tagged
-slot. Long-polls block in Redis (XREAD BLOCK on the stream), on connections of their own.
+to and including ``id`` (XTRIM MINID), as long as ``id`` is within the oldest batch not
+acknowledged: acknowledging a later batch while an earlier one is out (its answer may
+never have reached the reader) removes nothing, and once the oldest batch's visibility
+timeout passes every unacknowledged message comes back (at least once, never lost). Each
+step is one Lua script on the inbox's own hash-tagged slot. Long-polls block in Redis
+(XREAD BLOCK on the stream), on connections of their own.
 """
 
 from __future__ import annotations
@@ -88,20 +92,33 @@ return out
 
 # KEYS stream, meta. ARGV now, visibility seconds, count, ack id ("" = none).
 # Returns {entries, id to block after, seconds the in-flight messages stay invisible}.
+# The batches handed out and not acknowledged are kept oldest first in ``bt`` (end id and
+# deadline of each, at most MAX_BATCHES): an ack may only trim within the oldest one, so
+# acknowledging a later batch never removes an earlier one whose answer was lost; when the
+# oldest's deadline passes, everything not acknowledged is handed out again.
 # Commands: HMGET of the meta, XTRIM with an ack (and an XRANGE of the acknowledged entry
 # unless it is the last one handed out), XRANGE of what to hand out (skipped when nothing
 # came after the messages in flight), one HSET of whatever changed.
-_POLL = """
+_POLL = _NEWER + """
+local MAX_BATCHES = 64
 local s, m = KEYS[1], KEYS[2]
 local now, vis, count, ack = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local st = redis.call('HMGET', m, 'out', 'until', 'last', 'oo', 'n')
+local st = redis.call('HMGET', m, 'out', 'until', 'last', 'oo', 'n', 'bt')
 local out, last = st[1], st[3] or '0-0'
 local set = {}
 local function offset(fields)
   for i = 1, #fields, 2 do if fields[i] == 'o' then return fields[i + 1] end end
   return 0
 end
-if ack ~= '' then
+local batches = {}
+if st[6] then
+  for e, u in string.gmatch(st[6], '([^,;]+),([^;]+)') do
+    batches[#batches + 1] = {e, tonumber(u)}
+  end
+elseif out and tonumber(st[2] or 0) > now then
+  batches[1] = {out, tonumber(st[2])}  -- written before batches were kept
+end
+if ack ~= '' and (#batches == 0 or not newer(ack, batches[1][1])) then
   local off = false
   if ack == out then off = st[4] end
   if not off then
@@ -117,26 +134,35 @@ if ack ~= '' then
       set[#set + 1] = 'n'
       set[#set + 1] = math.max(0, tonumber(st[5]) - gone)
     end
+    if #batches > 0 and batches[1][1] == ack then table.remove(batches, 1) end
   end
 end
-local inflight = out and tonumber(st[2] or 0) > now
+local inflight = #batches > 0 and batches[1][2] > now
+if not inflight then batches = {} end  -- the oldest's deadline passed: all come back
 local rows = {}
-if count > 0 and not (inflight and out == last) then
+local full = #batches >= MAX_BATCHES  -- too many unacknowledged: wait for the oldest
+if count > 0 and not full and not (inflight and out == last) then
   rows = redis.call('XRANGE', s, inflight and ('(' .. out) or '-', '+', 'COUNT', count)
 end
 if #rows > 0 then
   local row = rows[#rows]
+  batches[#batches + 1] = {row[1], now + vis}
   set[#set + 1] = 'out'
   set[#set + 1] = row[1]
-  set[#set + 1] = 'until'
-  set[#set + 1] = now + vis
   set[#set + 1] = 'oo'
   set[#set + 1] = offset(row[2])
+end
+local bt = {}
+for i, b in ipairs(batches) do bt[i] = b[1] .. ',' .. b[2] end
+bt = table.concat(bt, ';')
+if bt ~= (st[6] or '') then
+  set[#set + 1] = 'bt'
+  set[#set + 1] = bt
 end
 if #set > 0 then redis.call('HSET', m, unpack(set)) end
 if #rows > 0 then return {rows, '', '0'} end
 -- as text: Redis would truncate a Lua number reply to an integer
-if inflight then return {rows, out, tostring(tonumber(st[2]) - now)} end
+if inflight then return {rows, full and last or out, tostring(batches[1][2] - now)} end
 return {rows, last, '0'}
 """
 
