@@ -227,14 +227,24 @@ class InboxReader:
         return len(got)
 
     async def read_until(self, bases: list[str], count: int, within: float) -> None:
-        """Poll (round-robin over ``bases``) until ``count`` messages came or time is up."""
+        """Poll (round-robin over ``bases``) until ``count`` distinct messages came or time
+        is up."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         turn = 0
-        while len(self.messages) < count and loop.time() < deadline:
+        while len(self.ids) < count and loop.time() < deadline:
             await self.poll(bases[turn % len(bases)])
             turn += 1
         await self.poll(bases[0], wait=0.5)  # anything extra (a double) shows up too
+
+    def stored(self) -> dict[str, set[str]]:
+        """Per RequestId of a protocol message, the inbox message ids it came under: one
+        each when it was stored once (however often it was handed out again)."""
+        found: dict[str, set[str]] = {}
+        for m in self.messages:
+            if m["kind"] == "protocol":
+                found.setdefault(parse(m["text"]).messages[0].request_id, set()).add(m["id"])
+        return found
 
     def protocol_ids(self, kind: str = "protocol") -> Counter[str]:
         """How many times each RequestId arrived as a message of ``kind``."""
