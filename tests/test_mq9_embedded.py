@@ -3,6 +3,9 @@ never confused with another folder's server."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from adapters.mq9.embedded import PORT_FILE, server_info, start_embedded_nats
@@ -47,3 +50,24 @@ def test_another_folders_server_on_the_remembered_port_is_left_alone(tmp_path: P
         assert server_info(port) is not None  # the other folder's server still runs
     finally:
         other.stop()
+
+
+def test_the_server_stops_when_its_gateway_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the process that started it leaves no nats-server behind."""
+    script = ("import sys, time; from pathlib import Path; "
+              "from adapters.mq9.embedded import start_embedded_nats; "
+              "start_embedded_nats(Path(sys.argv[1])); print('up', flush=True); time.sleep(60)")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "nats")],
+                            cwd=root, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        port = int((tmp_path / "nats" / PORT_FILE).read_text())
+        assert server_info(port) is not None
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while server_info(port) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server_info(port) is None

@@ -213,7 +213,10 @@ class Mq9Bridge(Adapter):
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_SECONDS)
+            if stuck:  # never expected: said, and shutdown goes on
+                log.warning("mq9 transport %s: %d task(s) did not stop", self.name, len(stuck))
         if self._client is not None and self._nc is not None and self._nc.is_connected:
             try:
                 await self._client.unregister(self.settings.agent_name)
