@@ -86,6 +86,7 @@ class StateSection(_Section):
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
     purge_interval_seconds: float = Field(default=3600.0, gt=0)
     sweep_batch: int = Field(default=1000, ge=1, le=100_000)
+    command_timeout_seconds: float = Field(default=2.5, gt=0, le=60, allow_inf_nan=False)
     timeouts: dict[str, float] = Field(
         default_factory=lambda: {
             "request": 1800.0,
@@ -305,6 +306,7 @@ class GatewayConfig(_Section):
             sweep_interval_seconds=s.sweep_interval_seconds,
             purge_interval_seconds=s.purge_interval_seconds,
             sweep_batch=s.sweep_batch,
+            command_timeout_seconds=s.command_timeout_seconds,
         )
 
     def transport_kind(self, name: str) -> str:

@@ -34,6 +34,7 @@ from adapters.base import Adapter, DeliveryError, Receipt
 from gateway.config import OutboxSection
 from gateway.metrics import Metrics
 from gateway.outbox import Item, Outbox, items_of
+from state.connection import blocking_client
 from state.leases import Lease
 
 log = logging.getLogger("bpgw.gateway.dispatch")
@@ -73,6 +74,9 @@ class Dispatcher:
         self._outbox = outbox
         self._redis = outbox.redis
         self._keys = outbox.keys
+        # New journal entries are awaited in Redis (BLOCK) on a connection of its own,
+        # whose read timeout is the block time plus a margin, not the command timeout.
+        self._journal_reader = blocking_client(self._redis, BLOCK_MS / 1000, 1)
         self._adapters = adapters
         self._s = settings
         self._on_dead = on_dead_letter
@@ -122,6 +126,7 @@ class Dispatcher:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._task = self._keepalive = self._reclaimer = None
         self._workers.clear()
+        await self._journal_reader.aclose()
         if self._holding:
             self._holding = False
             try:
@@ -170,7 +175,7 @@ class Dispatcher:
                         await asyncio.sleep(HOUSEKEEPING_SECONDS)
                         continue
                     await self._take_over()
-                resp: Any = await self._redis.xreadgroup(
+                resp: Any = await self._journal_reader.xreadgroup(
                     GROUP, self.replica, {self._keys.journal: ">"},
                     count=self._s.batch, block=BLOCK_MS,
                 )

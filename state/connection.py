@@ -27,6 +27,10 @@ PORT_FILE = "port"
 # than erroring.
 POOL_MAX_CONNECTIONS = 64
 POOL_WAIT_SECONDS = 10.0
+BLOCK_MARGIN_SECONDS = 2.0
+"""Read timeout of a command that blocks in Redis, beyond its block time: room for the
+answer due when the block ends to arrive late on a loaded machine, while a frozen server
+is still noticed soon after."""
 FAST_SEND_BYTES = 16 * 1024
 """Commands up to this size are written without redis-py's per-send asyncio Task."""
 
@@ -219,6 +223,29 @@ def _start_embedded(data_dir: Path) -> tuple[str, Any]:
     return server.connection_url, server
 
 
+def blocking_client(
+    client: aioredis.Redis, block_seconds: float, max_connections: int
+) -> aioredis.Redis:
+    """A client for commands that block in Redis (XREAD/XREADGROUP ``BLOCK``) for at
+    most ``block_seconds``, on at most ``max_connections`` connections of its own.
+
+    Its read timeout is ``block_seconds + BLOCK_MARGIN_SECONDS`` instead of ``client``'s
+    command timeout, so a long block is not cut, and blocked callers never starve the
+    pool everything else uses. Same server, credentials and stale-connection retry as
+    ``client``; ``aclose()`` closes its connections.
+    """
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "socket_timeout": block_seconds + BLOCK_MARGIN_SECONDS}
+    return aioredis.Redis.from_pool(
+        aioredis.BlockingConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=max_connections,
+            timeout=None,
+            **kwargs,
+        )
+    )
+
+
 async def open_redis(settings: StateSettings) -> RedisHandle:
     """Connect to ``settings.redis_url`` (starting the embedded Valkey when asked)."""
     server = None
@@ -231,6 +258,10 @@ async def open_redis(settings: StateSettings) -> RedisHandle:
             decode_responses=True,
             max_connections=POOL_MAX_CONNECTIONS,
             timeout=POOL_WAIT_SECONDS,
+            # A frozen server (SIGSTOP, a network stall) accepts connections and commands
+            # but never answers: without a bound every caller would wait the whole freeze.
+            socket_timeout=settings.command_timeout_seconds,
+            socket_connect_timeout=settings.command_timeout_seconds,
             # After a server restart every pooled connection is dead: a command that finds
             # its connection closed is sent once more on a fresh one instead of failing.
             # Timeouts are not retried (the command may have run; the caller decides).

@@ -36,6 +36,8 @@ class StateSettings:
     sweep_interval_seconds: float = 5.0
     purge_interval_seconds: float = 3600.0
     sweep_batch: int = 1000
+    command_timeout_seconds: float = 2.5
+    """Read timeout of one command: a frozen server is answered as unavailable after it."""
 
     def timeout_for(self, message_type: str) -> float:
         """The timeout of one message type, falling back to the default table."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -166,6 +168,35 @@ async def test_after_a_server_restart_stale_connections_are_retried_once(
             applied = await store.apply(request("after"), ORIGIN, now=T0)
             assert applied.outcome is Outcome.APPLIED
         finally:
+            await handle.close()
+    finally:
+        server.close()
+
+
+async def test_a_frozen_server_times_commands_out_once_and_blocking_reads_keep_their_block(
+        namespace: str) -> None:
+    server = PrivateValkey().start()
+    try:
+        settings = StateSettings(redis_url=server.url, namespace=namespace,
+                                 command_timeout_seconds=0.3)
+        handle = await conn.open_redis(settings)
+        client = handle.client
+        reader = conn.blocking_client(client, 1.0, 1)
+        try:
+            # A block longer than the command timeout is not cut: it ends empty.
+            assert await reader.xread({f"{namespace}:s": "$"}, block=1000) == []
+            pid = int((await client.info("server"))["process_id"])
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(RedisTimeoutError):
+                    await client.incr(f"{namespace}:n")
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            # The timed-out command ran after the freeze, and only once: a timeout is
+            # never sent again (it may have run), unlike a stale connection.
+            assert await client.get(f"{namespace}:n") == "1"
+        finally:
+            await reader.aclose()
             await handle.close()
     finally:
         server.close()

@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 
 from protocol.names import name_key
 from state.batching import ScriptBatcher
+from state.connection import blocking_client
 
 ACK_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 """The form of a message id (a Redis stream id)."""
@@ -228,6 +229,7 @@ class Inboxes:
         max_bytes: int,
         visibility_seconds: float,
         max_waiters: int,
+        max_wait_seconds: float,
     ) -> None:
         self._redis = redis
         self._namespace = namespace
@@ -236,17 +238,11 @@ class Inboxes:
         self.visibility_seconds = visibility_seconds
         self._deliver = ScriptBatcher(redis, redis.register_script(_DELIVER))
         self._poll = ScriptBatcher(redis, redis.register_script(_POLL))
-        # Long-polls block on connections of their own, so they never starve the pool
-        # the rest of the gateway uses; at most ``max_waiters`` wait at once.
-        pool = redis.connection_pool
-        self._blocking: aioredis.Redis = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool(
-                connection_class=pool.connection_class,
-                max_connections=max_waiters,
-                timeout=None,
-                **pool.connection_kwargs,
-            )
-        )
+        # Long-polls (at most ``max_wait_seconds`` each) block on connections of their
+        # own, so they never starve the pool the rest of the gateway uses and are not cut
+        # by its command timeout; at most ``max_waiters`` wait at once.
+        self._max_wait = max_wait_seconds
+        self._blocking = blocking_client(redis, max_wait_seconds, max_waiters)
         self._waiting: set[asyncio.Task[Any]] = set()
 
     def _keys(self, owner: str) -> list[str]:
@@ -335,6 +331,7 @@ class Inboxes:
 
     async def _wait(self, stream: str, after: str, seconds: float) -> bool:
         """Block in Redis until ``stream`` has an entry after ``after``; False on timeout."""
+        seconds = min(seconds, self._max_wait)  # the blocking connections' read bound
         task = asyncio.ensure_future(
             self._blocking.xread({stream: after}, count=1, block=max(1, int(seconds * 1000)))
         )

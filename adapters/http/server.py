@@ -216,6 +216,7 @@ class HttpAdapter(Adapter):
             max_bytes=s.inbox_max_bytes,
             visibility_seconds=s.inbox_visibility_seconds,
             max_waiters=s.long_poll_max_waiters,
+            max_wait_seconds=s.long_poll_max_seconds,
         )
 
     @property
