@@ -37,6 +37,7 @@ from adapters.base import (
 from gateway.agents import AgentDirectory
 from gateway.commands import CancelNotice, Commands
 from gateway.config import GatewayConfig
+from gateway.conversation_view import conversation_to_dict
 from gateway.dispatch import Dispatcher
 from gateway.health import HealthProbe, Part
 from gateway.leases import LeaseKeeper
@@ -49,7 +50,6 @@ from state.connection import RedisHandle, open_redis
 from state.cursors import CursorStore
 from state.inbound import Claim, InboundClaims
 from state.leases import Lease
-from state.records import Conversation
 from state.store import ConversationStore
 from state.sweeper import Sweeper
 
@@ -60,14 +60,6 @@ log = logging.getLogger("bpgw.gateway")
 CLAIM_PROCESSING_SECONDS = 60.0
 # How long a metrics scrape waits for the state store before answering from memory.
 SCRAPE_READ_SECONDS = 2.0
-
-
-def conversation_to_dict(conv: Conversation) -> dict[str, Any]:
-    """JSON-ready form of a conversation (enums as strings, history as a list)."""
-    data = dataclasses.asdict(conv)
-    data["status"] = str(conv.status)
-    data["owes_reply"] = None if conv.is_terminal else conv.owes_reply
-    return data
 
 
 @contextlib.contextmanager

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from adapters.base import CommandRequest, CommandResult, split_command_words
 from gateway.agents import AgentDirectory, LearnedName
 from gateway.config import GatewayConfig
+from gateway.conversation_view import event_to
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_command
 from protocol.names import name_key
-from state.records import ACTIVE, Conversation, ConvStatus, Event, Outcome
+from state.records import ACTIVE, Conversation, ConvStatus, Outcome
 from state.store import LIST_FILTERS, ConversationStore, list_statuses
 
 log = logging.getLogger("bpgw.gateway.commands")
@@ -90,17 +91,6 @@ def _relative(at: float, now: float) -> str:
     return f"in {_ago(at, now)}" if at > now else f"{_ago(now, at)} ago"
 
 
-def _event_to(conv: Conversation, event: Event) -> str:
-    """Who an event went to. An operator's CANCEL tells both parties and the gateway's
-    own CLOSE the requester; the store records no recipient for either."""
-    if event.to:
-        return event.to
-    if event.type == "CANCEL":
-        parties = dict.fromkeys((conv.requester, conv.assignee))  # one name when the same
-        return ", ".join(parties)
-    return conv.requester if event.type == "CLOSE" else "-"
-
-
 def conversation_result(
     conv: Conversation, now: float, *, local_times: bool = False
 ) -> CommandResult:
@@ -145,7 +135,7 @@ def conversation_result(
                 when(e.at),
                 e.type,
                 e.sender,
-                _event_to(conv, e),
+                event_to(conv, e) or "-",
                 f"{e.depth_current}/{e.depth_max}",
                 e.status,
                 e.transport,

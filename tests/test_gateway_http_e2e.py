@@ -91,6 +91,27 @@ async def test_http_agent_and_chat_agent_talk_through_the_gateway(
                 status = await resp.json()
             assert status["ok"] and "done: 1" in json.dumps(status)
 
+            # The store records no recipient for an operator's CANCEL: the HTTP view names
+            # both parties, as /protocol show (and bpgw show) do.
+            other = build_request(sender="Lotbot", to="Mantis", task="check memory")
+            async with http.post(
+                f"{base}/v1/messages", json={"text": render(other)}, headers=auth
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+            shown = []
+            for text in (f"cancel {other.request_id} wrong host", f"show {other.request_id}"):
+                async with http.post(f"{base}/v1/commands", json={"text": f"/protocol {text}"},
+                                     headers={"Authorization": "Bearer tok-admin-1"}) as resp:
+                    shown.append(await resp.json())
+                assert shown[-1]["ok"], shown[-1]
+            async with http.get(f"{base}/v1/conversations/{other.request_id}",
+                                headers=auth) as resp:
+                cancelled = await resp.json()
+            assert [(e["type"], e["to"]) for e in cancelled["history"]] == [
+                ("REQUEST", "Mantis"), ("CANCEL", "Lotbot, Mantis")]
+            to = shown[1]["columns"].index("to")
+            assert [row[to] for row in shown[1]["rows"]] == ["Mantis", "Lotbot, Mantis"]
+
             async with http.get(f"{base}/healthz") as resp:
                 health = await resp.json()
             assert resp.status == 200 and health["transports"]["web"]["state"] == "up"

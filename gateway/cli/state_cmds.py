@@ -15,9 +15,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from gateway.app import conversation_to_dict
 from gateway.commands import conversation_result
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.conversation_view import conversation_to_dict
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_status
