@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import shutil
 import signal
@@ -144,6 +145,10 @@ async def _serve(config: GatewayConfig, tokens: dict[str, str] | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await gateway.start()
+        # Everything built so far (modules, pydantic schemas, config) lives as long as
+        # the process: out of the collector's generations, a full collection no longer
+        # walks it, which per-message garbage otherwise triggers over and over.
+        gc.freeze()
         _print_banner(gateway, tokens)
         await stop.wait()
         print("bpgw: shutting down", flush=True)
