@@ -168,6 +168,10 @@ return {rows, last, '0'}
 """
 
 
+# One encoder for every body: json.dumps with options builds a new encoder per call.
+_to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 class InboxFull(Exception):
     """The inbox holds ``inbox_max`` messages or ``inbox_max_bytes`` bytes already."""
 
@@ -187,10 +191,9 @@ class InboxMessage:
 
     def body(self) -> str:
         """Stored form (everything but the id, which Redis assigns)."""
-        return json.dumps(
+        return _to_json(
             [self.text, self.kind, self.request_id, self.trace_id, self.reply_to, self.thread,
-             self.at],
-            ensure_ascii=False, separators=(",", ":"),
+             self.at]
         )
 
     @staticmethod
