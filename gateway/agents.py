@@ -337,6 +337,18 @@ class AgentDirectory:
         """Every declared agent, in config order, then the credential-owned ones."""
         return list(self._declared.values())
 
+    async def display_names(self, keys: Sequence[str]) -> dict[str, str]:
+        """How each name key in ``keys`` (``protocol.names.name_key``) is spelled: as
+        declared (config, credentials), else as first learned, else the key itself. One
+        HMGET for the keys not declared."""
+        shown = {k: a.name for k in keys if (a := self._declared.get(k)) is not None}
+        rest = [k for k in keys if k not in shown]
+        if rest:
+            learned = await self._redis.hmget(self._prefix + "name", rest)
+            shown |= {k: k if d is None else _text(d)
+                      for k, d in zip(rest, learned, strict=True)}
+        return shown
+
     # -- who may speak as whom -----------------------------------------------------------
 
     async def check_sender(self, name: str, identity: str, seen_at: Address) -> SenderCheck:
@@ -469,8 +481,7 @@ class AgentDirectory:
                 names[key] = key
                 targets.append((address, key))
         if names:
-            displays = await self._redis.hmget(self._prefix + "name", list(names))
-            shown = {k: _text(d) for k, d in zip(names, displays, strict=True) if d is not None}
+            shown = await self.display_names(list(names))
             targets = [(a, shown.get(n, n)) for a, n in targets]
         self._broadcast = (time.monotonic() + CACHE_SECONDS, targets)
         return targets

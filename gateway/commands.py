@@ -244,9 +244,9 @@ class Commands:
         now = time.time()
         agent = cmd.args[0].lstrip("@") if cmd.args else None
         counts, by_key = await asyncio.gather(self._store.counts(), self._store.load_by_agent())
-        # The store counts by name key; show declared agents as their config writes them.
-        shown = {name_key(a.name): a.name for a in self._directory.declared_agents()}
-        load = {shown.get(k, k): n for k, n in by_key.items()}
+        # The store counts by name key; show each agent as declared or learned.
+        shown = await self._directory.display_names(list(by_key))
+        load = {shown[k]: n for k, n in by_key.items()}
         if agent is None:
             oldest = await self._store.oldest_open(limit=10)
         else:

@@ -11,28 +11,48 @@ from pathlib import Path
 import pytest
 from test_state_helpers import ORIGIN, T0, clarify, request, response, store
 
+from gateway.agents import AgentDirectory
 from gateway.cli import main
+from gateway.config import load_config, parse_address
 from state.store import ConversationStore
 
 __all__ = ["store"]
 
 
-def _run(capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str,
+def _run(capsys: pytest.CaptureFixture[str], where: str, namespace: str,
          *argv: str) -> tuple[int, str]:
-    code = main([*argv, "--redis-url", redis_url, "--namespace", namespace])
+    """``bpgw ARGV`` on Redis URL ``where`` and ``namespace``, or, when ``where`` is
+    ``--config``, with the config file ``namespace``."""
+    store = ["--config", namespace] if where == "--config" else [
+        "--redis-url", where, "--namespace", namespace]
+    code = main([*argv, *store])
     return code, capsys.readouterr().out
 
 
 async def test_status_show_sweep(store: ConversationStore, redis_url: str, namespace: str,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                 tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Heron is declared; Lotbot learned (tofu) as the gateway learns a sender; both are
+    # counted under their name keys and shown as spelled.
+    toml = tmp_path / "gw.toml"
+    toml.write_text(f'[state]\nredis_url = "{redis_url}"\nnamespace = "{namespace}"\n'
+                    '[agents.Heron]\naddresses = ["chat:heron-room"]\n')
+    config = load_config(toml, environ={})
+    directory = AgentDirectory(config, store.redis, "{" + namespace + "}")
+    learned = await directory.check_sender("Lotbot", "chat:u-lot", parse_address("chat:c-1"))
+    assert learned.ok, learned
     await store.apply(request("r1"), ORIGIN, now=T0)
     await store.apply(clarify("r1"), ORIGIN, now=T0)
-    await store.apply(request("r2", to="Heron"), ORIGIN)
+    await store.apply(request("r2", to="heron"), ORIGIN, now=time.time() - 2)
+    await store.apply(request("a-rather-long-request-id", to="HERON"), ORIGIN, now=time.time())
     code, out = await _to_thread(capsys, redis_url, namespace, "status", "--json")
     data = json.loads(out)
-    assert code == 0 and data["counts"]["clarifying"] == 1 and data["counts"]["open"] == 1
-    assert data["load_by_agent"] == {"lotbot": 1, "heron": 1}
-    assert [c["request_id"] for c in data["oldest_open"]] == ["r1", "r2"]
+    assert code == 0 and data["counts"]["clarifying"] == 1 and data["counts"]["open"] == 2
+    # Without the config Heron is not declared: learned names only, else the name key.
+    assert data["load_by_agent"] == {"heron": 2, "Lotbot": 1}
+    assert [c["request_id"] for c in data["oldest_open"]] == [
+        "r1", "r2", "a-rather-long-request-id"]
+    code, out = await _to_thread(capsys, "--config", str(toml), "status", "--json")
+    assert json.loads(out)["load_by_agent"] == {"Heron": 2, "Lotbot": 1}
     code, out = await _to_thread(capsys, redis_url, namespace, "show", "r1", "--json")
     shown = json.loads(out)
     assert code == 0 and [e["type"] for e in shown["history"]] == ["REQUEST", "CLARIFY"]
@@ -40,10 +60,17 @@ async def test_status_show_sweep(store: ConversationStore, redis_url: str, names
     assert code == 1 and "no conversation nope" in out
     code, out = await _to_thread(capsys, redis_url, namespace, "sweep", "--once")
     assert code == 0 and "timed out: r1 (waiting on Lotbot)" in out and "claimed 1" in out
-    code, out = await _to_thread(capsys, redis_url, namespace, "status")
-    assert code == 0 and "timeout 1" in out and "heron: 1" in out
-    assert re.search(r"^  r2  open +opened \d+s ago  waiting on Heron, due in 2\d*m \d+s  ",
-                     out, re.M), out
+    code, out = await _to_thread(capsys, "--config", str(toml), "status")
+    assert code == 0 and "timeout 1" in out
+    table = out[out.index("oldest open:"):].splitlines()
+    assert re.fullmatch(r"  RequestId +status +opened +waiting on +due +task", table[1])
+    rows = [line for line in table if line.startswith(("  r2 ", "  a-rather"))]
+    assert re.fullmatch(r"  r2 +open +\d+s ago +Heron +in 2\d*m \d+s +count the lots", rows[0])
+    # Aligned: every column starts at the same place on each line.
+    starts = [[m.start() for m in re.finditer(r"(?<=  )\S", line)] for line in [table[1], *rows]]
+    assert starts[0] == starts[1] == starts[2], table
+    load = out[out.index("open load by agent:"):].splitlines()
+    assert [line.split() for line in load[1:]] == [["agent", "owes", "replies"], ["Heron", "2"]]
 
 
 async def _to_thread(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

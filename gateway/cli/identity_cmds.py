@@ -6,35 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from adapters.base import ConfigError as TransportConfigError
 from gateway.agents import AgentDirectory
-from gateway.app import create_adapters
-from gateway.cli.state_cmds import add_connection_options, config_from_args, with_redis
+from gateway.cli.state_cmds import add_connection_options, with_directory
 from gateway.commands import identity_fields
-from gateway.config import ConfigError
-
-
-def _with_directory(
-    args: argparse.Namespace, body: Callable[[AgentDirectory], Awaitable[int]]
-) -> int:
-    try:
-        config = config_from_args(args)
-        # Names that transport credentials own (HTTP tokens); creating an adapter
-        # connects nothing.
-        owned = [
-            item for adapter in create_adapters(config).values() for item in adapter.owned_names()
-        ]
-    except (ConfigError, TransportConfigError) as exc:
-        print(f"bpgw: {exc}", file=sys.stderr)
-        return 2
-    settings = config.state_settings()
-    prefix = "{" + settings.namespace + "}"
-    return with_redis(
-        settings, lambda handle: body(AgentDirectory(config, handle.client, prefix, owned))
-    )
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -69,7 +45,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"learned names: {await directory.learned_count()}")
         return 0
 
-    return _with_directory(args, body)
+    return with_directory(args, lambda directory, _store, _settings: body(directory))
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -82,7 +58,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 print(f"{key}: {value}")
         return 0
 
-    return _with_directory(args, body)
+    return with_directory(args, lambda directory, _store, _settings: body(directory))
 
 
 def _cmd_reset(args: argparse.Namespace) -> int:
@@ -100,7 +76,7 @@ def _cmd_reset(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return _with_directory(args, body)
+    return with_directory(args, lambda directory, _store, _settings: body(directory))
 
 
 def _cmd_purge(args: argparse.Namespace) -> int:
@@ -111,7 +87,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
         print(f"reclaimed {await directory.purge_idle(args.limit)} idle learned name(s)")
         return 0
 
-    return _with_directory(args, body)
+    return with_directory(args, lambda directory, _store, _settings: body(directory))
 
 
 def register(sub: Any) -> None:

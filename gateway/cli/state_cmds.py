@@ -15,12 +15,17 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from adapters.base import CommandResult
+from adapters.base import ConfigError as TransportConfigError
+from gateway.agents import AgentDirectory
+from gateway.app import create_adapters
 from gateway.commands import conversation_result
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.conversation_view import conversation_to_dict
 from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_status
+from protocol.names import name_key
 from state.connection import (
     EMBEDDED,
     BadRedisURL,
@@ -135,6 +140,29 @@ def with_store(args: argparse.Namespace,
                                                     settings))
 
 
+def with_directory(
+    args: argparse.Namespace,
+    body: Callable[[AgentDirectory, ConversationStore, StateSettings], Awaitable[int]],
+) -> int:
+    """Run ``body`` on the agent directory and the conversation store of the gateway the
+    command line names, as the gateway builds it: declared agents, names that transport
+    credentials own, learned names in Redis. Exit status 2 for a bad configuration."""
+    try:
+        config = config_from_args(args)
+        # Creating an adapter connects nothing: it only names what its credentials own.
+        owned = [
+            item for adapter in create_adapters(config).values() for item in adapter.owned_names()
+        ]
+    except (ConfigError, TransportConfigError) as exc:
+        print(f"bpgw: {exc}", file=sys.stderr)
+        return 2
+    settings = config.state_settings()
+    prefix = "{" + settings.namespace + "}"
+    return with_redis(settings, lambda handle: body(
+        AgentDirectory(config, handle.client, prefix, owned),
+        ConversationStore(handle.client, settings), settings))
+
+
 def _summary(conv: Conversation, now: float) -> dict[str, Any]:
     return {"request_id": conv.request_id, "status": str(conv.status),
             "owes_reply": conv.owes_reply, "requester": conv.requester,
@@ -148,12 +176,16 @@ def _print_json(data: Any) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts by status, outbox depth and dead letters, the oldest open conversations and
-    the load per agent."""
-    async def body(store: ConversationStore, settings: StateSettings) -> int:
+    the load per agent (each agent as declared or learned)."""
+    async def body(directory: AgentDirectory, store: ConversationStore,
+                   settings: StateSettings) -> int:
         now = time.time()
         counts = await store.counts()
         oldest = [_summary(c, now) for c in await store.oldest_open(args.limit)]
-        load = await store.load_by_agent(args.limit)
+        by_key = await store.load_by_agent(args.limit)
+        owing = {name_key(str(row["owes_reply"])) for row in oldest}
+        shown = await directory.display_names(list(by_key.keys() | owing))
+        load = {shown[k]: n for k, n in by_key.items()}
         outbox = Outbox(store.redis, settings.namespace)
         if args.json:
             _print_json({"counts": counts, "oldest_open": oldest, "load_by_agent": load,
@@ -168,21 +200,33 @@ def cmd_status(args: argparse.Namespace) -> int:
                   "or --data-dir DIR)")
         for name, line in await outbox_status(outbox):
             print(f"{name}: {line}")
-        print("oldest open:" if oldest else "oldest open: none")
-        for row in oldest:
-            deadline = row["deadline"]
-            due = "" if deadline is None else (
-                f", due in {format_duration(deadline - now)}" if deadline > now
-                else f", overdue by {format_duration(now - deadline)}")
-            print(f"  {row['request_id']}  {row['status']:<10}  opened "
-                  f"{format_duration(row['age_seconds'])} ago  waiting on {row['owes_reply']}"
-                  f"{due}  {row['task']}")
-        print("open load by agent:" if load else "open load by agent: none")
-        for agent, n in load.items():
-            print(f"  {agent}: {n}")
+        print(_table("oldest open", ("RequestId", "status", "opened", "waiting on", "due", "task"),
+                     [(row["request_id"], row["status"],
+                       f"{format_duration(row['age_seconds'])} ago",
+                       shown[name_key(str(row["owes_reply"]))],
+                       _due(row["deadline"], now), row["task"] or "-") for row in oldest]))
+        print(_table("open load by agent", ("agent", "owes replies"),
+                     [(agent, str(n)) for agent, n in load.items()]))
         return 0
 
-    return with_store(args, body)
+    return with_directory(args, body)
+
+
+def _due(deadline: float | None, now: float) -> str:
+    if deadline is None:
+        return "-"
+    if deadline > now:
+        return f"in {format_duration(deadline - now)}"
+    return f"overdue by {format_duration(now - deadline)}"
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """``title:`` and its rows in aligned columns under a header, indented; ``title: none``
+    without rows."""
+    if not rows:
+        return f"{title}: none"
+    text = CommandResult(title=f"{title}:", columns=columns, rows=tuple(rows)).to_text()
+    return text.replace("\n", "\n  ")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
