@@ -137,6 +137,10 @@ def _print_banner(gateway: Gateway, tokens: dict[str, str] | None) -> None:
     sys.stdout.flush()
 
 
+GC_YOUNG_THRESHOLD = 20_000
+"""Net allocations between young-generation collections once serving (Python's: 700)."""
+
+
 async def _serve(config: GatewayConfig, tokens: dict[str, str] | None) -> int:
     gateway = Gateway(config)
     stop = asyncio.Event()
@@ -149,6 +153,9 @@ async def _serve(config: GatewayConfig, tokens: dict[str, str] | None) -> int:
         # the process: out of the collector's generations, a full collection no longer
         # walks it, which per-message garbage otherwise triggers over and over.
         gc.freeze()
+        # Cyclic garbage is rare on the hot path (refcounting frees the rest): collecting
+        # the young generation every 700 allocations cost ~3% of the CPU for nothing.
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         _print_banner(gateway, tokens)
         await stop.wait()
         print("bpgw: shutting down", flush=True)
