@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
@@ -66,9 +67,17 @@ def apply_worker(url: str, namespace: str, worker: int) -> Counter[str]:
     return asyncio.run(_apply_chains(url, namespace, worker))
 
 
-async def _claim_all(url: str, namespace: str) -> list[str]:
+async def _claim_all(url: str, namespace: str, sweepers: int) -> list[str]:
     client: aioredis.Redis = aioredis.from_url(url, decode_responses=True)
     st = ConversationStore(client, StateSettings(namespace=namespace))
+    # Start together: a spawned process can take seconds to start on a loaded machine,
+    # and a sweeper alone would claim everything before the other one is up.
+    ready = "{" + namespace + "}:test:sweepers-ready"
+    await client.incr(ready)
+    deadline = time.monotonic() + 60
+    while int(await client.get(ready) or 0) < sweepers:
+        assert time.monotonic() < deadline, "the other sweeper never started"
+        await asyncio.sleep(0.005)
     claimed: list[str] = []
     while batch := await st.claim_due(now=T0 + 4000, limit=100):
         claimed += [c.request_id for c in batch]
@@ -76,8 +85,8 @@ async def _claim_all(url: str, namespace: str) -> list[str]:
     return claimed
 
 
-def claim_worker(url: str, namespace: str) -> list[str]:
-    return asyncio.run(_claim_all(url, namespace))
+def claim_worker(url: str, namespace: str, sweepers: int) -> list[str]:
+    return asyncio.run(_claim_all(url, namespace, sweepers))
 
 
 def _pool(n: int) -> ProcessPoolExecutor:
@@ -117,7 +126,7 @@ async def test_two_sweepers_claim_each_due_conversation_once(
     loop = asyncio.get_running_loop()
     with _pool(2) as pool:
         a, b = await asyncio.gather(*(
-            loop.run_in_executor(pool, claim_worker, redis_url, namespace) for _ in range(2)))
+            loop.run_in_executor(pool, claim_worker, redis_url, namespace, 2) for _ in range(2)))
     assert len(a) + len(b) == n
     assert set(a).isdisjoint(b) and set(a) | set(b) == {f"d{i}" for i in range(n)}
     assert len(a) > 0 and len(b) > 0
