@@ -497,3 +497,24 @@ async def test_a_redis_outage_degrades_health_and_loses_nothing(tmp_path: Path) 
             assert await chat.receive(wait=0.3) == []
     finally:
         await asyncio.to_thread(valkey.close)
+
+
+async def test_stop_is_not_lost_when_a_wake_up_comes_at_the_same_moment(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    """A poll wake-up landing in the same loop turn as stop's cancel (a busy folder on a
+    loaded machine): the poll loop ends all the same, it does not keep polling forever."""
+    config = bridge_config(redis_url, namespace, tmp_path, poll_interval_seconds=600)
+    async with chat_and_bridge(config) as (gw, _chat):
+        adapter = bridge(gw)
+        loop_task = adapter._loop_task
+        assert loop_task is not None
+        await ingested(gw, f"session/{conv(ME)}_to_BROADCAST_broadcast.txt")  # polled once
+        await asyncio.sleep(0.1)  # the loop is now waiting for its next poll
+        adapter._on_paths([])  # a wake-up, and the cancel right behind it
+        stopping = asyncio.ensure_future(adapter.stop())
+        await asyncio.wait([stopping], timeout=10)  # (no cancel of its own on timeout)
+        stuck = not loop_task.done()
+        loop_task.cancel()
+        await stopping
+        assert not stuck, "the poll loop outlived stop()"

@@ -190,8 +190,7 @@ class AinetAdapter(Adapter):
         task, self._loop_task = self._loop_task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])  # (a cancel of the caller itself still propagates)
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
@@ -263,8 +262,11 @@ class AinetAdapter(Adapter):
             except Exception as exc:  # a Redis or disk outage: report it and keep trying
                 log.warning("ainet transport %s: poll failed: %s", self.name, exc)
                 self.set_health(HealthState.DEGRADED, f"poll failed: {exc}")
+            # Not wait_for: on 3.11 it drops a cancel that lands in the same loop turn as
+            # the wake-up, and the loop would outlive stop() polling forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def poll_once(self) -> int:
