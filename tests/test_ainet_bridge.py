@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -518,3 +519,37 @@ async def test_stop_is_not_lost_when_a_wake_up_comes_at_the_same_moment(
         loop_task.cancel()
         await stopping
         assert not stuck, "the poll loop outlived stop()"
+
+
+async def test_a_send_cancelled_mid_write_is_still_recorded(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outbox cancels its sends when the gateway stops. A turn already being written
+    (a thread can't be stopped) is recorded all the same, so the delivery repeated after
+    the restart does not write it twice (it did: a CLARIFY twice in a conversation)."""
+    root = tmp_path / "shared"
+    async with chat_and_bridge(bridge_config(redis_url, namespace, tmp_path)) as (gw, _chat):
+        adapter = bridge(gw)
+        writer = adapter._writer
+        assert writer is not None
+        real_write, slow_disk = writer.write, threading.Event()
+
+        def slow_write(plan: Any) -> Any:
+            outcome = real_write(plan)
+            slow_disk.wait(10)  # written, the record not made yet
+            return outcome
+
+        monkeypatch.setattr(writer, "write", slow_write)
+        out = Outbound(Address("ainet", "mirror"), "once only", request_id="cut-1", id="7-0")
+        sending = asyncio.create_task(adapter.send(out))
+        folder = root / "tasks" / "task-cut-1" / "conversation"
+        await eventually(lambda: folder.is_dir() and os.listdir(folder))
+        sending.cancel()  # what the outbox's stop does
+        slow_disk.set()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        monkeypatch.setattr(writer, "write", real_write)
+        await adapter.send(out)  # the outbox's retry after the restart
+        assert [m["Content"] for _, m in PlainAgent(root, PEER).conversation("cut-1")] == [
+            "once only"]

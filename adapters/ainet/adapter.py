@@ -37,7 +37,7 @@ from adapters.ainet.mapping import closes, slot_kind, status_of
 from adapters.ainet.message import AinetMessage, AinetStatus
 from adapters.ainet.message import render as render_file
 from adapters.ainet.names import UnsafeNameError, canonical, check_agent_id, check_request_id
-from adapters.ainet.outbound import Plan, Writer, from_bridge
+from adapters.ainet.outbound import Outcome, Plan, Writer, from_bridge
 from adapters.ainet.records import BridgeRecords
 from adapters.ainet.settings import AinetSettings
 from adapters.ainet.watch import Watcher
@@ -71,6 +71,8 @@ log = logging.getLogger("bpgw.adapters.ainet")
 _HEADER_ROOM = 1024
 # The session copy of a message adds its TYPE line.
 _TYPE_LINE_ROOM = 32
+# How long a cancelled send waits for files already being written to be recorded.
+_RECORD_GRACE_SECONDS = 5.0
 JOIN_TEXT = "AI Agent {id} has joined AINET(AI-Net) collaboration network."
 
 
@@ -360,6 +362,31 @@ class AinetAdapter(Adapter):
             raise DeliveryError(f"can't write to {message.address}: a block of it is over "
                                 f"max_message_bytes ({self.settings.max_message_bytes})",
                                 code="too_large")
+        job = asyncio.ensure_future(self._write_and_record(message, writer, records, plan, keys))
+        try:
+            outcome = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            # A thread can't be stopped: the files may be written already. Record them
+            # before giving up (a stopping outbox cancels its sends), or the delivery
+            # repeated after a restart writes the same turn a second time.
+            await asyncio.wait([job], timeout=_RECORD_GRACE_SECONDS)
+            job.add_done_callback(_retrieve)
+            raise
+        log.debug("ainet transport %s: wrote %s", self.name,
+                  [w.rel for w in (*outcome.turns, *outcome.session)],
+                  extra={"request_id": message.request_id, "trace_id": message.trace_id})
+        # The message's native ids are its conversation turns (one per chunk); the session
+        # file is a second copy for single-exchange agents, named only when there is no turn.
+        turns = [native_id(w.rel, w.digest) for w in outcome.turns]
+        session = [native_id(w.rel, w.digest) for w in outcome.session]
+        turns = turns or (done.get("turn") or "").split()
+        session = [i for i in session or (done.get("slot") or "").split() if i != "spooled"]
+        return Receipt(tuple(turns or session))
+
+    async def _write_and_record(self, message: Outbound, writer: Writer,
+                                records: BridgeRecords, plan: Plan, keys: Mapping[str, str]
+                                ) -> Outcome:
+        """Write ``plan`` (for ``message``) and record what each delivery key became."""
         try:
             outcome = await asyncio.to_thread(writer.write, plan)
         except LayoutError as exc:
@@ -372,21 +399,15 @@ class AinetAdapter(Adapter):
         except OSError as exc:
             raise DeliveryError(f"workspace write failed: {exc}", retry_after=1.0) from None
         self._written += outcome.written
-        turns = [native_id(w.rel, w.digest) for w in outcome.turns]
-        session = [native_id(w.rel, w.digest) for w in outcome.session]
+        turns = " ".join(native_id(w.rel, w.digest) for w in outcome.turns)
+        session = " ".join(native_id(w.rel, w.digest) for w in outcome.session)
         marks = []
         if "turn" in keys and plan.task is not None:
-            marks.append((keys["turn"], " ".join(turns)))
+            marks.append((keys["turn"], turns))
         if "slot" in keys and plan.slot is not None:
-            marks.append((keys["slot"], " ".join(session) or "spooled"))
+            marks.append((keys["slot"], session or "spooled"))
         await records.mark_delivered(marks)
-        log.debug("ainet transport %s: wrote %s", self.name, turns + session,
-                  extra={"request_id": message.request_id, "trace_id": message.trace_id})
-        # The message's native ids are its conversation turns (one per chunk); the session
-        # file is a second copy for single-exchange agents, named only when there is no turn.
-        turns = turns or (done.get("turn") or "").split()
-        session = [i for i in session or (done.get("slot") or "").split() if i != "spooled"]
-        return Receipt(tuple(turns or session))
+        return outcome
 
 
 def _placement(message: Outbound, request_id: str | None, linked: str | None
@@ -403,6 +424,13 @@ def _placement(message: Outbound, request_id: str | None, linked: str | None
         return check_request_id(linked or request_id), False
     except UnsafeNameError:
         return None, True
+
+
+def _retrieve(job: asyncio.Future[Outcome]) -> None:
+    """Consume the outcome of a write its caller stopped waiting for (no 'never
+    retrieved' warning); a failure there is only logged."""
+    if not job.cancelled() and (exc := job.exception()) is not None:
+        log.warning("ainet: a cancelled delivery failed: %s", exc)
 
 
 def _protocol_message(message: Outbound) -> Message | None:
