@@ -5,8 +5,9 @@ holds an HTTP token), plus the plain AINET agent of ``ainet_peer`` on the same f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from adapters.ainet import AinetAdapter
+from adapters.ainet.watch import Watcher
 from gateway.app import Gateway
 from gateway.config import GatewayConfig
 from protocol import Message, parse, render
@@ -71,6 +73,30 @@ async def ingested(gateway: Gateway, rel: str, within: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{rel} was not ingested within {within}s")
         await asyncio.sleep(0.02)
+
+
+async def watch_is_live(watcher: Watcher, root: Path, within: float = 30.0) -> None:
+    """Wait until ``watcher`` reports events: the OS watch is set up in the background
+    after ``start`` returns (slowly on a loaded machine), and a file written before that
+    brings no event. Rewrites ``root/watch-probe``, a file no inbox looks at."""
+    seen = asyncio.Event()
+    report = watcher.on_paths
+
+    def on_paths(paths: Iterable[str]) -> None:
+        seen.set()
+        report(paths)
+
+    watcher.on_paths = on_paths
+    probe = root / "watch-probe"
+    try:
+        async with asyncio.timeout(within):
+            while not seen.is_set():
+                probe.write_text(str(time.monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.1):
+                        await seen.wait()
+    finally:
+        watcher.on_paths = report
 
 
 class Chat(HttpAgent):

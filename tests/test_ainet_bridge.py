@@ -46,6 +46,7 @@ from ainet_kit import (
     chat_and_bridge,
     eventually,
     ingested,
+    watch_is_live,
 )
 from ainet_peer import PlainAgent, conv, read_message
 from gwkit import memory, running
@@ -354,6 +355,8 @@ async def test_polling_and_watching(
                              poll_interval_seconds=600)
     async with chat_and_bridge(watching) as (gw, chat):
         assert bridge(gw).health().detail.startswith("watching")
+        assert bridge(gw)._watcher is not None
+        await watch_is_live(bridge(gw)._watcher, root)
         PlainAgent(root, PEER).next_turn("w1", ME, "@Lotbot watched")
         assert (await chat.one()).task == "watched"  # type: ignore[union-attr]
         assert gw.health()["transports"]["ainet"]["state"] == "up"

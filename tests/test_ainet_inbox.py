@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from adapters.ainet.message import AinetMessage, AinetType
 from adapters.ainet.watch import Watcher
 from adapters.ainet.workspace import SlotKind, Workspace
 
+from ainet_kit import eventually, watch_is_live
 from ainet_peer import PlainAgent, conv
 
 ME = "Device-bridgeAB12/网关"
@@ -202,18 +204,19 @@ async def test_watch_events_make_items_dirty(tmp_path: Path, redis_client: aiore
     for task in range(20):
         peer.next_turn(f"w{task}", ME, "old")
     await drain(inbox, polls=2)
-    woke = asyncio.Event()
+    reported: list[str] = []
 
-    def on_paths(paths: object) -> None:
-        inbox.scanner.mark_dirty(paths)  # type: ignore[arg-type]
-        woke.set()
+    def on_paths(paths: Iterable[str]) -> None:
+        paths = list(paths)
+        inbox.scanner.mark_dirty(paths)
+        reported.extend(paths)
 
     watcher = Watcher(ws.root, on_paths)
     assert watcher.start()
     try:
-        await asyncio.sleep(0.3)
-        peer.next_turn("w13", ME, "event-driven")
-        await asyncio.wait_for(woke.wait(), 10)
+        await watch_is_live(watcher, ws.root)
+        turn = peer.next_turn("w13", ME, "event-driven")
+        await eventually(lambda: str(turn) in reported, within=30)
         [arrival] = await drain(inbox, polls=1)
         assert arrival.message is not None and arrival.message.content == "event-driven"
     finally:
