@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,17 @@ def top_destinations(
         yield transport, OTHER, n
 
 
+def _gauge(
+    name: str, doc: str, rows: Iterable[tuple[Sequence[str], float]],
+    labels: Sequence[str] = (),
+) -> GaugeMetricFamily:
+    """One gauge family with a sample per ``(label values, value)`` row."""
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    for values, value in rows:
+        family.add_metric(list(values), value)
+    return family
+
+
 class _SharedState(Collector):
     """Yields the gauges of the last ``Reading`` (no Redis access inside ``collect``)."""
 
@@ -103,67 +114,52 @@ class _SharedState(Collector):
     def collect(self) -> Iterable[Metric]:
         r = self._metrics.reading
         keep = self._metrics.max_destinations
-        up = GaugeMetricFamily("bpgw_state_store_up", "1 when the last scrape could read Redis")
-        up.add_metric([], 1 if r.store_up else 0)
-        yield up
-        convs = GaugeMetricFamily(
+        yield _gauge("bpgw_state_store_up", "1 when the last scrape could read Redis",
+                     [((), 1 if r.store_up else 0)])
+        yield _gauge(
             "bpgw_conversations",
             "Conversations by status (live broadcasts and kept orphan ids too)",
+            (((status,), n) for status, n in sorted(r.conversations.items())),
             labels=["status"],
         )
-        for status, n in sorted(r.conversations.items()):
-            convs.add_metric([status], n)
-        yield convs
         out = r.outbox
-        journal = GaugeMetricFamily(
-            "bpgw_outbox_journal", "Outbox journal entries not dispatched yet"
-        )
-        journal.add_metric([], out.get("journal", 0))
-        yield journal
+        yield _gauge("bpgw_outbox_journal", "Outbox journal entries not dispatched yet",
+                     [((), out.get("journal", 0))])
         for name, key, what in (
             ("bpgw_outbox_queued", "queued", "Deliveries waiting for a retry"),
             ("bpgw_outbox_dead_letters", "dead_letters", "Dead letters kept"),
         ):
-            family = GaugeMetricFamily(
+            yield _gauge(
                 name, f"{what}, per destination (the largest; the rest as other)",
+                (((transport, dest), n)
+                 for transport, dest, n in top_destinations(out.get(key, {}), keep)),
                 labels=["transport", "destination"],
             )
-            for transport, dest, n in top_destinations(out.get(key, {}), keep):
-                family.add_metric([transport, dest], n)
-            yield family
-        blocked = GaugeMetricFamily(
+        blocked = Counter(d.partition(":")[0] for d in out.get("blocked", {}))
+        yield _gauge(
             "bpgw_outbox_blocked_destinations",
             "Destinations currently failing (deliveries queued behind a failure)",
+            (((transport,), n) for transport, n in sorted(blocked.items())),
             labels=["transport"],
         )
-        for transport, n in sorted(
-            Counter(d.partition(":")[0] for d in out.get("blocked", {})).items()
-        ):
-            blocked.add_metric([transport], n)
-        yield blocked
-        dispatching = GaugeMetricFamily(
-            "bpgw_outbox_dispatching", "1 when this replica holds the outbox dispatch lease"
-        )
-        dispatching.add_metric([], 1 if r.dispatching else 0)
-        yield dispatching
-        health = GaugeMetricFamily(
+        yield _gauge("bpgw_outbox_dispatching",
+                     "1 when this replica holds the outbox dispatch lease",
+                     [((), 1 if r.dispatching else 0)])
+        yield _gauge(
             "bpgw_transport_state",
             "1 for each transport's current state, 0 for the others",
+            (((transport, str(s)), 1 if s is state else 0)
+             for transport, state in sorted(r.transports.items()) for s in HealthState),
             labels=["transport", "state"],
         )
-        for transport, state in sorted(r.transports.items()):
-            for s in HealthState:
-                health.add_metric([transport, str(s)], 1 if s is state else 0)
-        yield health
-        stats = GaugeMetricFamily(
+        yield _gauge(
             "bpgw_transport_stat",
             "Connection figures transports report (latency_ms, reconnects, resumes, ...)",
+            (((transport, stat), value)
+             for transport, figures in sorted(r.transport_stats.items())
+             for stat, value in sorted(figures.items())),
             labels=["transport", "stat"],
         )
-        for transport, figures in sorted(r.transport_stats.items()):
-            for stat, value in sorted(figures.items()):
-                stats.add_metric([transport, stat], value)
-        yield stats
 
 
 class Metrics:
