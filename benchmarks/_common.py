@@ -9,7 +9,10 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the scripts put the repository on sys.path before they call in here
+    from adapters.base import Adapter, Address
 
 
 def emit(
@@ -22,6 +25,22 @@ def emit(
         row["target"] = target
     row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+async def emit_outbound_posts(
+    name: str, adapter: Adapter, address: Address, text: str, rounds: int
+) -> None:
+    """Send ``text`` to ``address`` ``rounds`` times straight through ``adapter`` (each
+    a new outbox id) and emit ``name``: posts per second, a post being one native id the
+    platform gave back (split parts and uploaded files count)."""
+    from adapters.base import Outbound
+
+    posts = 0
+    started = time.perf_counter()
+    for i in range(rounds):
+        posts += len((await adapter.send(Outbound(address, text, id=f"1-{i}"))).native_ids)
+    emit(name, posts / (time.perf_counter() - started), "posts/s", messages=rounds,
+         chars=len(text))
 
 
 def microseconds_per_call(work: Callable[[], object], loops: int) -> float:

@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import emit, main_with_valkey
+from _common import emit, emit_outbound_posts, main_with_valkey, microseconds_per_call
 
 REPO = Path(__file__).resolve().parent.parent
 for path in (REPO, REPO / "tests"):
     if str(path) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(path))
 
-from adapters.base import Address, Outbound  # noqa: E402
+from adapters.base import Address  # noqa: E402
 from adapters.chunking import split_message  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
 from protocol import build_request, build_response, render  # noqa: E402
@@ -77,22 +77,11 @@ async def run(messages: int, valkey_url: str, data: Path) -> None:
             body = "\n".join(f"row {i}: " + "z" * 90 for i in range(60))
             big = render(build_response(sender="Mantis", to="Peer", request_id="peer-b0",
                                         status="success", result=body))
-            adapter = gateway.adapters["dc"]
-            address = Address("dc", str(emulator.channels["general"]))
-            rounds = max(5, messages // 20)
-            start = time.perf_counter()
-            parts = 0
-            for i in range(rounds):
-                parts += len((await adapter.send(Outbound(address, big, id=f"1-{i}"))).native_ids)
-            took = time.perf_counter() - start
-            emit("discord_outbound_posts_per_s", parts / took, "posts/s", messages=rounds,
-                 chars=len(big))
-            loops = 2000
-            start = time.perf_counter()
-            for _ in range(loops):
-                split_message(big, 2000)
-            emit("discord_split_us", (time.perf_counter() - start) / loops * 1e6, "us",
-                 chars=len(big))
+            await emit_outbound_posts("discord_outbound_posts_per_s", gateway.adapters["dc"],
+                                      Address("dc", str(emulator.channels["general"])), big,
+                                      max(5, messages // 20))
+            emit("discord_split_us", microseconds_per_call(lambda: split_message(big, 2000), 2000),
+                 "us", chars=len(big))
         finally:
             await gateway.stop()
 

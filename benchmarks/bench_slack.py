@@ -25,14 +25,20 @@ import sys
 import time
 from pathlib import Path
 
-from _common import emit, main_with_valkey, microseconds_per_call, percentile
+from _common import (
+    emit,
+    emit_outbound_posts,
+    main_with_valkey,
+    microseconds_per_call,
+    percentile,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 for path in (REPO, REPO / "tests"):
     if str(path) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(path))
 
-from adapters.base import Address, Outbound  # noqa: E402
+from adapters.base import Address  # noqa: E402
 from adapters.slack.text import escape, to_plain  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
@@ -92,14 +98,9 @@ async def run(messages: int, valkey_url: str, data: Path) -> None:
             body = "\n".join(f"row {i}: a<b " + "z" * 90 for i in range(60))
             big = render(build_response(sender="Mantis", to="Peer", request_id="peer-s0",
                                         status="success", result=body))
-            rounds = max(5, messages // 20)
-            posts = 0
-            started = time.perf_counter()
-            for i in range(rounds):
-                out = Outbound(Address("sl", emulator.general), big, id=f"1-{i}")
-                posts += len((await gateway.adapters["sl"].send(out)).native_ids)
-            emit("slack_outbound_posts_per_s", posts / (time.perf_counter() - started),
-                 "posts/s", messages=rounds, chars=len(big))
+            await emit_outbound_posts("slack_outbound_posts_per_s", gateway.adapters["sl"],
+                                      Address("sl", emulator.general), big,
+                                      max(5, messages // 20))
             sample = ("```[REQUEST → @Mantis]\nFrom: @Peer\nTask: is a &gt; b &amp;&amp; c "
                       "for <@U0ALICE> in <#C0GENERAL|general>, see <https://x.example/a>```")
             emit("slack_to_plain_us", microseconds_per_call(

@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from _common import emit, main_with_valkey, microseconds_per_call
+from _common import emit, emit_outbound_posts, main_with_valkey, microseconds_per_call
 
 REPO = Path(__file__).resolve().parent.parent
 for path in (REPO, REPO / "tests"):
     if str(path) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(path))
 
-from adapters.base import Address, Outbound  # noqa: E402
+from adapters.base import Address  # noqa: E402
 from adapters.chunking import split_message, utf16_len  # noqa: E402
 from adapters.telegram.text import to_html  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
@@ -88,15 +88,9 @@ async def run(messages: int, valkey_url: str, data: Path) -> None:
             body = "\n".join(f"row {i}: " + "z" * 90 for i in range(100))
             big = render(build_response(sender="Mantis", to="Peer", request_id="peer-t0",
                                         status="success", result=body))
-            rounds = max(5, messages // 20)
-            calls = 0
-            started = time.perf_counter()
-            for i in range(rounds):
-                out = Outbound(Address("tg", str(OPS), str(TOPIC)), big, id=f"1-{i}")
-                calls += len((await gateway.adapters["tg"].send(out)).native_ids)
-            took = time.perf_counter() - started
-            emit("telegram_outbound_posts_per_s", calls / took, "posts/s", messages=rounds,
-                 chars=len(big))
+            await emit_outbound_posts("telegram_outbound_posts_per_s", gateway.adapters["tg"],
+                                      Address("tg", str(OPS), str(TOPIC)), big,
+                                      max(5, messages // 20))
             render_us = microseconds_per_call(
                 lambda: [to_html(p.text) for p in split_message(big, 4096, utf16_len)], 1000)
             emit("telegram_render_us", render_us, "us", chars=len(big))
