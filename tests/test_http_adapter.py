@@ -7,6 +7,7 @@ The gateway is replaced by ``RecordingSink``, a small test double of our own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -107,16 +108,25 @@ def make_transport(redis: aioredis.Redis, namespace: str, **options: Any) -> Htt
     return transport
 
 
-@pytest.fixture
-async def adapter(
-    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+@contextlib.asynccontextmanager
+async def started(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str, **options: Any
 ) -> AsyncIterator[HttpAdapter]:
-    transport = make_transport(redis, namespace)
+    """A running ``make_transport(redis, namespace, **options)``, stopped on the way out."""
+    transport = make_transport(redis, namespace, **options)
     await transport.start(sink)
     try:
         yield transport
     finally:
         await transport.stop()
+
+
+@pytest.fixture
+async def adapter(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> AsyncIterator[HttpAdapter]:
+    async with started(sink, redis, namespace) as transport:
+        yield transport
 
 
 @pytest.fixture
@@ -531,27 +541,19 @@ async def test_a_batch_is_stored_in_order_up_to_a_full_inbox(
 async def test_inbox_is_bounded_in_bytes(
     sink: RecordingSink, redis: aioredis.Redis, namespace: str
 ) -> None:
-    transport = make_transport(redis, namespace, inbox_max=1000, inbox_max_bytes=4096)
-    await adapter_started(transport, sink)
-    try:
+    async with started(sink, redis, namespace, inbox_max=1000,
+                       inbox_max_bytes=4096) as transport:
         await transport.send(notice("bob", "x" * 3000))
         with pytest.raises(DeliveryError, match="bytes"):
             await transport.send(notice("bob", "y" * 3000))
         await transport.send(notice("bob", "small"))  # room by bytes for a small one
-    finally:
-        await transport.stop()
-
-
-async def adapter_started(transport: HttpAdapter, sink: RecordingSink) -> None:
-    await transport.start(sink)
 
 
 async def test_ack_removes_and_unacknowledged_messages_come_back(
     sink: RecordingSink, redis: aioredis.Redis, namespace: str, client: aiohttp.ClientSession
 ) -> None:
-    transport = make_transport(redis, namespace, inbox_visibility_seconds=0.5)
-    await transport.start(sink)
-    try:
+    async with started(sink, redis, namespace,
+                       inbox_visibility_seconds=0.5) as transport:
         api = Api(client, transport.url)
         for text in ("one", "two", "three"):
             await transport.send(notice("alice", text))
@@ -571,8 +573,6 @@ async def test_ack_removes_and_unacknowledged_messages_come_back(
         assert done == {"messages": []}
         status, body = await api.get("/v1/agents/alice/inbox?ack=bogus", ALICE)
         assert_error(status, body, 400, "bad_request")
-    finally:
-        await transport.stop()
 
 
 async def test_a_batch_whose_answer_was_lost_comes_back_after_a_later_ack(
@@ -580,9 +580,8 @@ async def test_a_batch_whose_answer_was_lost_comes_back_after_a_later_ack(
 ) -> None:
     """ack= is cumulative: acknowledging a later batch must not remove an earlier one whose
     answer never reached the reader (found by the frozen-Redis fault test)."""
-    transport = make_transport(redis, namespace, inbox_visibility_seconds=0.5)
-    await transport.start(sink)
-    try:
+    async with started(sink, redis, namespace,
+                       inbox_visibility_seconds=0.5) as transport:
         api = Api(client, transport.url)
         for text in ("one", "two", "three"):
             await transport.send(notice("alice", text))
@@ -597,8 +596,6 @@ async def test_a_batch_whose_answer_was_lost_comes_back_after_a_later_ack(
             seen += [m["text"] for m in more["messages"]]
             ack = more["messages"][-1]["id"] if more["messages"] else ack
         assert "one" in seen, seen
-    finally:
-        await transport.stop()
 
 
 async def test_inbox_is_shared_by_replicas_and_stores_a_journal_id_once(
