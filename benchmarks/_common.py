@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -25,6 +26,19 @@ def emit(
         row["target"] = target
     row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def repo_on_path(*, tests: bool = False) -> Path:
+    """Put the repository (and, with ``tests``, its tests folder, whose emulators and kits
+    the transport benchmarks reuse) on ``sys.path`` so a script runs from anywhere;
+    the repository's folder."""
+    for path in (REPO, REPO / "tests") if tests else (REPO,):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    return REPO
 
 
 async def emit_outbound_posts(

