@@ -147,6 +147,9 @@ async def test_a_five_turn_conversation_and_a_restart_in_the_middle(
             assert request.type is MessageType.REQUEST and request.sender == PEER
             await chat.post(reply_clarify(request, sender="Lotbot", question="Which version?"))
             await eventually(lambda: len(peer.conversation("review-1")) == 2)
+            # Acknowledge the REQUEST: unacknowledged, it would come back after the inbox's
+            # visibility timeout, which a slow run can reach.
+            assert await chat.receive(wait=0.1) == []
         # The gateway is down while the agent writes its next turn.
         peer.next_turn("review-1", ME, "Version 2.4, the draft in docs/.")
         async with running(config) as gw:
