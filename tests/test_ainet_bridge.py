@@ -5,6 +5,7 @@ from the v0.3 rules alone) on the same folder."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -559,3 +560,33 @@ async def test_a_send_cancelled_mid_write_is_still_recorded(
         await adapter.send(out)  # the outbox's retry after the restart
         assert [m["Content"] for _, m in PlainAgent(root, PEER).conversation("cut-1")] == [
             "once only"]
+
+
+async def test_stop_ends_the_poll_loop_even_when_a_cancel_is_dropped(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On 3.11, asyncio.wait_for inside a library (redis-py's socket writes) now and then
+    drops a cancel; the poll loop ends at stop() all the same."""
+    config = bridge_config(redis_url, namespace, tmp_path, poll_interval_seconds=600)
+    async with chat_and_bridge(config) as (gw, _chat):
+        adapter = bridge(gw)
+        loop_task = adapter._loop_task
+        assert loop_task is not None
+        polling = asyncio.Event()
+
+        async def poll_dropping_a_cancel() -> int:
+            polling.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.5)
+            return 0
+
+        monkeypatch.setattr(adapter, "poll_once", poll_dropping_a_cancel)
+        adapter._on_paths([])
+        await asyncio.wait_for(polling.wait(), 10)
+        stopping = asyncio.ensure_future(adapter.stop())
+        await asyncio.wait([stopping], timeout=10)
+        stuck = not loop_task.done()
+        loop_task.cancel()
+        await stopping
+        assert not stuck, "the poll loop outlived stop()"

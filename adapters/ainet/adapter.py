@@ -105,6 +105,7 @@ class AinetAdapter(Adapter):
         self._watcher: Watcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._stopping = False
         self._hints: list[str] = []
         self._written: list[Written] = []
         self._spooled = 0
@@ -170,6 +171,7 @@ class AinetAdapter(Adapter):
         if s.discovery == "watch":
             self._watcher = Watcher(ws.root, self._on_paths)
             self._watcher.start()
+        self._stopping = False
         self._loop_task = asyncio.create_task(self._run(), name=f"ainet:{self.name}")
         self._set_up()
         log.info("ainet transport %s: %s in %s", self.name, self.agent_id, ws.root)
@@ -191,6 +193,10 @@ class AinetAdapter(Adapter):
         """Stop watching and polling; safe to call twice."""
         task, self._loop_task = self._loop_task, None
         if task is not None:
+            # The flag as well as the cancel: on 3.11 a library's wait_for (redis-py's
+            # socket writes) now and then drops a cancel; the loop then ends after its poll.
+            self._stopping = True
+            self._wake.set()
             task.cancel()
             await asyncio.wait([task])  # (a cancel of the caller itself still propagates)
         if self._watcher is not None:
@@ -255,7 +261,7 @@ class AinetAdapter(Adapter):
 
     async def _run(self) -> None:
         interval = self.settings.poll_interval_seconds
-        while True:
+        while not self._stopping:
             try:
                 await self.poll_once()
                 self._set_up()
