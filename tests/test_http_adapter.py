@@ -727,13 +727,16 @@ async def test_stop_twice_and_pollers_return(
     async with aiohttp.ClientSession() as client:
         api = Api(client, transport.url)
         poll = asyncio.create_task(api.get("/v1/agents/alice/inbox?wait=30", ALICE))
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while not transport._inboxes._waiting:  # the poll is waiting on the server
+            assert time.monotonic() < deadline, "the long poll never started waiting"
+            await asyncio.sleep(0.01)
         started = time.monotonic()
         await transport.stop()
         await transport.stop()
         status, body = await poll
     assert status == 200 and body == {"messages": []}
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # at once, not at the end of its 30 s wait
     assert transport.health().state is HealthState.DOWN
     with pytest.raises(RuntimeError):
         _ = transport.url
