@@ -8,6 +8,7 @@ real pipeline, real Redis/Valkey state, real adapters (memory and, where asked, 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -110,12 +111,17 @@ async def wait_up(gateway: Gateway, name: str) -> None:
     the keeper polls every fifth of ``lease_seconds``)."""
     from adapters.base import HealthState
 
+    await wait_state(gateway, name, HealthState.UP)
+
+
+async def wait_state(gateway: Gateway, name: str, state: Any, within: float = 20.0) -> None:
+    """Until transport ``name`` reports health ``state`` (a ``HealthState``)."""
     adapter = gateway.adapters[name]
-    for _ in range(500):
-        if adapter.health().state is HealthState.UP:
-            return
+    deadline = time.monotonic() + within
+    while adapter.health().state is not state:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"transport {name} not {state}: {adapter.health()}")
         await asyncio.sleep(0.02)
-    raise TimeoutError(f"transport {name} not up: {adapter.health()}")
 
 
 def http_url(gateway: Gateway, transport: str) -> str:

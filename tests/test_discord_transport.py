@@ -40,6 +40,7 @@ from gwkit import (
     memory,
     request_block,
     response_block,
+    wait_state,
     wait_up,
 )
 from harness_discord import discord_options
@@ -421,7 +422,8 @@ async def test_one_gateway_session_per_token_across_replicas(
 ) -> None:
     async with start_gateway() as first:
         async with start_gateway(wait=False) as second:
-            await asyncio.sleep(0.6)  # three lease attempts of the second replica
+            await wait_state(second, "dc", HealthState.STANDBY)
+            await asyncio.sleep(0.6)  # three more lease attempts of the second replica
             assert second.adapters["dc"].health().state is HealthState.STANDBY
             assert emulator.identifies == 1
             assert len([s for s in emulator.sessions.values() if s.ws is not None]) == 1
@@ -439,8 +441,7 @@ async def test_a_replica_on_standby_posts_through_rest(
     general = emulator.channels["general"]
     async with start_gateway(), start_gateway(wait=False) as standby:
         adapter = standby.adapters["dc"]
-        await asyncio.sleep(0.5)
-        assert adapter.health().state is HealthState.STANDBY
+        await wait_state(standby, "dc", HealthState.STANDBY)
         # The outbox may dispatch on this replica: posting needs no gateway session.
         receipt = await adapter.send(Outbound(Address("dc", str(general)), "from standby"))
         assert [m["content"] for m in emulator.by_bot(general)] == ["from standby"]
