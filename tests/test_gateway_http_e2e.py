@@ -174,13 +174,14 @@ async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
     try:
         base = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as http:
-            for _ in range(200):
+            for _ in range(600):  # a loaded machine starts Valkey and NATS slowly
                 try:
                     async with http.get(f"{base}/healthz") as resp:
                         if resp.status == 200:
                             break
                 except aiohttp.ClientConnectionError:
                     pass
+                assert proc.returncode is None, "bpgw run exited"
                 await asyncio.sleep(0.1)
             else:
                 raise AssertionError("bpgw run never answered /healthz")
