@@ -7,6 +7,9 @@ the rest, and the receipt still lists every part.
 
 ``Background``: best-effort side work (reactions) run off the delivery path, bounded
 in count, so a rate-limited reaction never holds up a channel.
+
+``through_cancel``: work that must not stop half way (files written but not recorded,
+embedded servers started but not stopped) finishes even when its caller is cancelled.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterable
-from typing import Any
+from collections.abc import Awaitable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("bpgw.adapters.delivery")
 
 # Parts already posted of messages whose later part failed (the oldest are forgotten).
 PARTIAL_SENDS_MAX = 1000
@@ -85,3 +91,25 @@ async def settle(tasks: Iterable[asyncio.Task[Any] | None], grace: float) -> Non
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def through_cancel(job: Awaitable[T], grace: float | None = None) -> T:
+    """Await ``job``; if the caller is cancelled meanwhile, let ``job`` finish first (for
+    at most ``grace`` seconds; None: until it is done), then re-raise the cancel.
+
+    A failure of ``job`` after the cancel is logged, not raised: the cancel wins.
+    """
+    task = asyncio.ensure_future(job)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task], timeout=grace)
+        task.add_done_callback(_log_failure)
+        raise
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    """Consume the outcome of work its caller stopped waiting for (no 'never retrieved'
+    warning); a failure there is only logged."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("work finished after its caller was cancelled failed: %s", exc)

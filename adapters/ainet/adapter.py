@@ -62,6 +62,7 @@ from adapters.base import (
     Probe,
     Receipt,
 )
+from adapters.delivery import through_cancel
 from adapters.options import load_options
 from protocol import Message, MessageBase, parse
 
@@ -368,16 +369,12 @@ class AinetAdapter(Adapter):
             raise DeliveryError(f"can't write to {message.address}: a block of it is over "
                                 f"max_message_bytes ({self.settings.max_message_bytes})",
                                 code="too_large")
-        job = asyncio.ensure_future(self._write_and_record(message, writer, records, plan, keys))
-        try:
-            outcome = await asyncio.shield(job)
-        except asyncio.CancelledError:
-            # A thread can't be stopped: the files may be written already. Record them
-            # before giving up (a stopping outbox cancels its sends), or the delivery
-            # repeated after a restart writes the same turn a second time.
-            await asyncio.wait([job], timeout=_RECORD_GRACE_SECONDS)
-            job.add_done_callback(_retrieve)
-            raise
+        # A thread can't be stopped: the files may be written already. Record them before
+        # giving up (a stopping outbox cancels its sends), or the delivery repeated after a
+        # restart writes the same turn a second time.
+        outcome = await through_cancel(
+            self._write_and_record(message, writer, records, plan, keys),
+            grace=_RECORD_GRACE_SECONDS)
         log.debug("ainet transport %s: wrote %s", self.name,
                   [w.rel for w in (*outcome.turns, *outcome.session)],
                   extra={"request_id": message.request_id, "trace_id": message.trace_id})
@@ -430,13 +427,6 @@ def _placement(message: Outbound, request_id: str | None, linked: str | None
         return check_request_id(linked or request_id), False
     except UnsafeNameError:
         return None, True
-
-
-def _retrieve(job: asyncio.Future[Outcome]) -> None:
-    """Consume the outcome of a write its caller stopped waiting for (no 'never
-    retrieved' warning); a failure there is only logged."""
-    if not job.cancelled() and (exc := job.exception()) is not None:
-        log.warning("ainet: a cancelled delivery failed: %s", exc)
 
 
 def _protocol_message(message: Outbound) -> Message | None:

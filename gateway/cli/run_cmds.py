@@ -18,6 +18,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from adapters.base import ConfigError as TransportConfigError
+from adapters.delivery import through_cancel
 from gateway.app import Gateway
 from gateway.cli.state_cmds import config_from_args
 from gateway.config import ConfigError, GatewayConfig, load_config
@@ -178,17 +179,6 @@ async def _cancelled_by_sigterm(main: Coroutine[Any, Any, int]) -> int:
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
-    """Await ``cleanup`` even when cancelled meanwhile (a SIGTERM during the demo's
-    shutdown must not leave its embedded servers running); then re-raise the cancel."""
-    task = asyncio.ensure_future(cleanup)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await task
-        raise
-
-
 def _run_loop(main: Coroutine[Any, Any, int]) -> int:
     """Run ``main`` on uvloop when it is installed (fewer cycles per socket operation).
 
@@ -248,7 +238,8 @@ async def _demo(as_json: bool) -> int:
         finally:
             await mq9_agent.close()
     finally:
-        await _to_the_end(gateway.stop())
+        # A SIGTERM during the demo's shutdown must not leave its embedded servers running.
+        await through_cancel(gateway.stop())
         with contextlib.suppress(OSError):
             shutil.rmtree(data_dir)
     if as_json:
