@@ -8,6 +8,12 @@ at once, as before, so latency at low load does not change.
 Each script call stays atomic on the server. Calls in flight at the same time may run in
 any order, as they could on separate pool connections before; a call made after another
 returned runs after it. Batching changes how calls travel, not what they do.
+
+A script written to take a batch itself (``merged_head``) goes further: the gathered
+calls become one call of it, KEYS and per-call ARGV concatenated after the shared head,
+and its reply is a list with one reply per call (an error reply fails that call alone).
+The server then runs the whole batch as one atomic step and the script can write what
+the calls share once (state/lua/apply.lua).
 """
 
 from __future__ import annotations
@@ -20,15 +26,22 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 _Call = tuple[list[str], list[Any], "asyncio.Future[Any]"]
+_Args = tuple[list[str], list[Any]]
 
 
 class ScriptBatcher:
-    """Calls ``script`` like ``await script(keys=..., args=...)``, batching concurrent calls."""
+    """Calls ``script`` like ``await script(keys=..., args=...)``, batching concurrent calls.
 
-    def __init__(self, redis: aioredis.Redis, script: AsyncScript, max_batch: int = 256) -> None:
+    With ``merged_head`` the script takes a batch (see the module docstring): ``args`` of
+    a call are its own part only, the head is prepended once per batch.
+    """
+
+    def __init__(self, redis: aioredis.Redis, script: AsyncScript, max_batch: int = 256,
+                 *, merged_head: list[Any] | None = None) -> None:
         self._redis = redis
         self._script = script
         self._max_batch = max_batch
+        self._head = merged_head
         self._pending: list[_Call] = []
         self._scheduled = False
         self._in_flight = 0  # sends (single or batched) awaiting their replies
@@ -41,9 +54,14 @@ class ScriptBatcher:
             # this one is out are the ones that batch.
             self._in_flight += 1
             try:
-                return await self._script(keys=keys, args=args)
+                if self._head is None:
+                    return await self._script(keys=keys, args=args)
+                [reply] = await self._merged([(keys, args)])
             finally:
                 self._in_flight -= 1
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((keys, args, future))
@@ -53,6 +71,18 @@ class ScriptBatcher:
             # those make join this batch.
             loop.call_soon(self._flush)
         return await future
+
+    async def many(self, calls: list[_Args]) -> list[Any]:
+        """Run ``calls`` in order, ``max_batch`` per round trip; their replies (an error
+        reply as its exception, not raised)."""
+        replies: list[Any] = []
+        for start in range(0, len(calls), self._max_batch):
+            part = calls[start : start + self._max_batch]
+            if self._head is not None:
+                replies += await self._merged(part)
+            else:
+                replies += await self._pipelined(part)
+        return replies
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -67,11 +97,14 @@ class ScriptBatcher:
     async def _send(self, batch: list[_Call]) -> None:
         self._in_flight += 1
         try:
-            if len(batch) == 1:
-                keys, args, _ = batch[0]
-                replies: list[Any] = [await self._script(keys=keys, args=args)]
+            calls = [(keys, args) for keys, args, _ in batch]
+            if self._head is not None:
+                replies: list[Any] = await self._merged(calls)
+            elif len(batch) == 1:
+                keys, args = calls[0]
+                replies = [await self._script(keys=keys, args=args)]
             else:
-                replies = await self._pipelined(batch)
+                replies = await self._pipelined(calls)
         except BaseException as exc:  # the connection failed: every caller gets the error
             for _, _, future in batch:
                 if not future.done():
@@ -89,16 +122,26 @@ class ScriptBatcher:
             else:
                 future.set_result(reply)
 
-    async def _pipelined(self, batch: list[_Call]) -> list[Any]:
+    async def _merged(self, calls: list[_Args]) -> list[Any]:
+        """One call of the batch script for ``calls``; its replies, one per call."""
+        assert self._head is not None
+        keys = [k for call_keys, _ in calls for k in call_keys]
+        args = [*self._head, *(a for _, call_args in calls for a in call_args)]
+        replies = await self._script(keys=keys, args=args)
+        if not isinstance(replies, list) or len(replies) != len(calls):
+            raise RuntimeError(f"batch script answered {len(calls)} calls with {replies!r:.200}")
+        return replies
+
+    async def _pipelined(self, batch: list[_Args]) -> list[Any]:
         # EVALSHA directly: handing the script object to the pipeline would make it send
         # SCRIPT EXISTS with every batch.
         async with self._redis.pipeline(transaction=False) as pipe:
-            for keys, args, _ in batch:
+            for keys, args in batch:
                 pipe.evalsha(self._script.sha, len(keys), *keys, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):  # a restarted server: load it, run again
-                keys, args, _ = batch[i]
+                keys, args = batch[i]
                 try:
                     replies[i] = await self._script(keys=keys, args=args)
                 except Exception as exc:

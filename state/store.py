@@ -216,9 +216,10 @@ class ConversationStore:
         self.redis = redis
         self.settings = settings
         self.keys = Keys(settings.namespace)
-        self._apply = redis.register_script(load_script("apply"))
-        # Single messages go through the batcher: concurrent applies share a round trip.
-        self._apply_one = ScriptBatcher(redis, self._apply)
+        # Messages go through the batcher: concurrent applies become one call of the
+        # batch script (one atomic step writing the indices they share once).
+        self._apply_one = ScriptBatcher(redis, redis.register_script(load_script("apply")),
+                                        merged_head=[self.keys.prefix])
         self._claim = redis.register_script(load_script("claim"))
         self._purge = redis.register_script(load_script("purge"))
         self._load = redis.register_script(load_script("load"))
@@ -247,30 +248,26 @@ class ConversationStore:
         problem = origin.problem()
         if problem is not None:
             return self._too_long(msg, problem)
-        keys, args = self._message_call(msg, origin, now, fingerprint)
-        if journal or budget is not None:
-            args.append(journal)
+        keys, args = self._message_call(msg, origin, now, fingerprint, journal)
         if budget is not None:
             keys.extend(self.keys.budget(n) for n in budget.names)
-            args.append(_to_json([budget.limit, budget.window, budget.cooldown]))
+            args[0] = len(keys)
+            args[3] = _to_json([budget.limit, budget.window, budget.cooldown])
         return self._result(msg.request_id, msg.trace_id, str(msg.type),
                             await self._apply_one(keys=keys, args=args))
 
     async def apply_many(self, msgs: Sequence[Message], origin: Origin, *,
                          now: float | None = None) -> _Results:
-        """Apply several messages in order in one pipelined round trip (bulk loads).
-
-        Each message is still its own atomic script; other clients' commands may
-        run between them.
+        """Apply several messages in order (bulk loads): a batch of them per round trip,
+        each batch one atomic step.
         """
         problem = origin.problem()
         if problem is not None:
             return [self._too_long(m, problem) for m in msgs]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for msg in msgs:
-                keys, args = self._message_call(msg, origin, now)
-                await self._apply(keys=keys, args=args, client=pipe)
-            raws = await pipe.execute()
+        raws = await self._apply_one.many([self._message_call(m, origin, now) for m in msgs])
+        for raw in raws:
+            if isinstance(raw, Exception):
+                raise raw
         return [self._result(m.request_id, m.trace_id, str(m.type), raw)
                 for m, raw in zip(msgs, raws, strict=True)]
 
@@ -292,27 +289,29 @@ class ConversationStore:
         keys, args = self._call(
             "CLOSE", request_id, by, "", 0, 0, str(status), "", "",
             _clip(reason, EXCERPT_CHARS), "", Origin(transport="gateway", channel=""), None, now,
+            journal,
         )
-        if journal:
-            args.append(journal)
         return self._result(request_id, None, "CLOSE",
                             await self._apply_one(keys=keys, args=args))
 
     def _message_call(self, msg: Message, origin: Origin, now: float | None,
-                      fp: str | None = None) -> _Call:
+                      fp: str | None = None, journal: str = "") -> _Call:
         task, excerpt, priority = _message_text(msg)
         # Not getattr(msg, "status", None): a missing attribute takes pydantic's slow path.
         status = msg.status if isinstance(msg, Response) else None
         return self._call(
             str(msg.type), msg.request_id, msg.sender, msg.to, msg.depth.current,
             msg.depth.max, str(status) if status else "", priority, task, excerpt,
-            (fp or fingerprint(msg))[:FINGERPRINT_CHARS], origin, msg.trace_id, now,
+            (fp or fingerprint(msg))[:FINGERPRINT_CHARS], origin, msg.trace_id, now, journal,
         )
 
     def _call(self, typ: str, request_id: str, sender: str, to: str, depth: int,
               max_depth: int, status: str, priority: str, task: str, excerpt: str,
-              fp: str, origin: Origin, trace_id: str | None, now: float | None) -> _Call:
-        """KEYS and ARGV of apply.lua: the prefix and one JSON array (order documented there)."""
+              fp: str, origin: Origin, trace_id: str | None, now: float | None,
+              journal: str) -> _Call:
+        """One message's KEYS and ARGV in apply.lua's batch (the batcher adds the prefix):
+        its key count, one JSON array (order documented there), its journal entry and no
+        loop guard ("")."""
         at = round(time.time() if now is None else now, 3)
         fields = _to_json([
             typ, request_id, sender, to, depth, max_depth, status, priority, task, excerpt,
@@ -321,7 +320,7 @@ class ConversationStore:
         ])
         keys = _to_json([name_key(sender), name_key(to)])
         args: list[str | int | float] = [
-            self.keys.prefix, fields[:-1] + ", " + self._tail[:-1] + ", " + keys[1:]]
+            2, fields[:-1] + ", " + self._tail[:-1] + ", " + keys[1:], journal, ""]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
 
     def _too_long(self, msg: Message, problem: str) -> ApplyResult:

@@ -88,3 +88,43 @@ async def test_a_dead_server_fails_every_waiting_caller(
         *(batcher(keys=["k"], args=[str(i)]) for i in range(3)), return_exceptions=True
     )
     assert all(isinstance(r, (RedisConnectionError, OSError)) for r in results), results
+
+
+# A batch script: ARGV[1] a prefix, then one value per call (KEYS[i] its list); one reply
+# per call; 'bad' fails its own call only.
+BATCH_SCRIPT = """
+local out = {}
+for i = 2, #ARGV do
+  if ARGV[i] == 'bad' then
+    out[#out + 1] = redis.error_reply('bad argument')
+  else
+    out[#out + 1] = redis.call('RPUSH', KEYS[i - 1], ARGV[1] .. ARGV[i])
+  end
+end
+return out
+"""
+
+
+async def test_merged_calls_run_as_one_script_call_each_with_its_reply(
+    private_redis: tuple[PrivateValkey, aioredis.Redis],
+) -> None:
+    _, client = private_redis
+    batcher = ScriptBatcher(client, client.register_script(BATCH_SCRIPT), merged_head=["p-"])
+    assert await batcher(keys=["k"], args=["0"]) == 1  # alone: a batch of one
+    results = await asyncio.gather(
+        *(batcher(keys=["k"], args=[str(i)]) for i in range(1, 300)),
+        batcher(keys=["k"], args=["bad"]),
+        return_exceptions=True,
+    )
+    assert isinstance(results[-1], ResponseError) and "bad argument" in str(results[-1])
+    assert sorted(results[:-1]) == list(range(2, 301))  # type: ignore[type-var]
+    assert sorted(await client.lrange("k", 0, -1)) == sorted(f"p-{i}" for i in range(300))
+    stats = await client.info("commandstats")
+    evalsha = int(stats["cmdstat_evalsha"]["calls"])
+    # 301 calls in a handful of script calls (the loop may split them, never one each).
+    assert evalsha <= 10, evalsha
+    # In order, max_batch calls per script call, for bulk work.
+    replies = await batcher.many([(["m"], [str(i)]) for i in range(600)])
+    assert replies == list(range(1, 601))
+    assert await client.lrange("m", 0, 2) == ["p-0", "p-1", "p-2"]
+

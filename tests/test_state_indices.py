@@ -3,6 +3,7 @@ listing by status filters and by any party (issue 8 item 7)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -170,6 +171,64 @@ async def test_commands_per_step(private_store: ConversationStore) -> None:
     assert await _commands(st, request("r2"), guard) == 2 + 1  # a duplicate: no charge
     assert await _commands(st, clarify("r2"), guard) == 8 + 2
     assert await _commands(st, clarify("r2"), guard) == 2  # EVALSHA + MGET
+
+
+async def test_a_batch_writes_each_shared_index_once(private_store: ConversationStore) -> None:
+    st = private_store
+    await st.apply(request("warm"), ORIGIN, now=T0)
+
+    async def calls() -> int:
+        stats = await st.redis.info("commandstats")
+        return sum(int(v["calls"]) for v in stats.values())
+
+    before = await calls()
+    batch = [request(f"b{i}", sender=f"Agent{i}") for i in range(10)]
+    results = await st.apply_many(batch, ORIGIN, now=T0 + 1)
+    assert [r.outcome for r in results] == [Outcome.APPLIED] * 10
+    # One EVALSHA for the batch; a SET NX GET per record; ZADD s:open, ZADD due, HINCRBY
+    # ld and ZADD p:mantis once for all ten; a ZADD p:<sender> per sender: 25, not 70.
+    assert await calls() - before - 1 == 1 + 10 + 4 + 10
+    assert await st.load_by_agent() == {"mantis": 11}
+    assert (await st.counts())["open"] == 11
+    assert {c.request_id for c in await st.list(agent="Mantis", limit=20)} == (
+        {"warm"} | {f"b{i}" for i in range(10)})
+    assert [c.request_id for c in await st.list(agent="Agent3")] == ["b3"]
+    due = await st.deadlines([f"b{i}" for i in range(10)])
+    assert all(d is not None and d > T0 for d in due)
+
+
+async def test_later_messages_of_a_batch_see_earlier_ones(private_store: ConversationStore
+                                                          ) -> None:
+    st = private_store
+    # A whole conversation, a retry and a step on a closed one, in one batch: each message
+    # is checked against the record as the ones before it in the batch left it.
+    msgs = [request("w1"), clarify("w1"), response("w1", sender="Lotbot", to="Mantis",
+                                                   depth=3, status=None),
+            response("w1", depth=4), request("w1"), clarify("w1", depth=5)]
+    results = await st.apply_many(msgs, ORIGIN, now=T0)
+    assert [r.outcome for r in results] == [
+        Outcome.APPLIED, Outcome.APPLIED, Outcome.APPLIED, Outcome.APPLIED,
+        Outcome.DUPLICATE, Outcome.ILLEGAL]
+    conv = await st.get("w1")
+    assert conv is not None and conv.status is ConvStatus.DONE
+    counts = await st.counts()
+    assert counts["done"] == 1 and counts["open"] == counts["clarifying"] == 0
+    assert await st.load_by_agent() == {}
+    assert await st.deadlines(["w1"]) == [None]
+
+
+async def test_a_budget_shared_within_a_batch_counts_each_message(
+        private_store: ConversationStore) -> None:
+    st = private_store
+    guard = Budget(("p:lotbot mantis",), 3, 60.0, 30.0)
+    # Concurrent applies: the first goes alone, the other five as one batch.
+    results = await asyncio.gather(*(
+        st.apply(request(f"g{i}"), ORIGIN, now=T0, budget=guard) for i in range(6)))
+    outcomes = [r.outcome for r in results]
+    assert outcomes.count(Outcome.APPLIED) == 3 and outcomes.count(Outcome.LOOP) == 3
+    assert sum(r.tripped for r in results) == 1  # one notice per cooldown
+    key = st.keys.budget("p:lotbot mantis")
+    assert 0 < await st.redis.pttl(key) <= 30_000  # cooling down
 
 
 # -- listing: status filters, any party, bounded pages -----------------------------------

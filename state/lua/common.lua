@@ -27,6 +27,76 @@
 local P = ARGV[1]
 local ACTIVE = {open = true, clarifying = true, handed_off = true}
 
+-- Call f with the items of list in slices (Lua's unpack takes a few thousand at most).
+local function sliced(list, f)
+  for i = 1, #list, 1000 do
+    f(unpack(list, i, math.min(i + 999, #list)))
+  end
+end
+
+-- Index writes, combined: apply.lua runs a batch of messages and writes each sorted set
+-- and each counter once at its end (a batch of new REQUESTs costs one ZADD per index,
+-- not one per message). enter, party and move only buffer; a script using them calls
+-- flush_indices() before it returns. No script reads an index it has buffered writes
+-- for, so buffering changes how the writes travel, not what they do.
+local ZW, ZK, HW, HK = {}, {}, {}, {}
+
+-- The table map[name], created on first use (and its name appended to order, if given).
+local function table_of(map, name, order)
+  local t = map[name]
+  if not t then
+    t = {}
+    map[name] = t
+    if order then order[#order + 1] = name end
+  end
+  return t
+end
+
+-- Put `member` into the sorted set `key` with `score` (false: remove it).
+local function zput(key, member, score)
+  table_of(ZW, key, ZK)[member] = score
+end
+
+-- Add n to field `field` of the hash `key`.
+local function hincr(key, field, n)
+  local m = table_of(HW, key, HK)
+  m[field] = (m[field] or 0) + n
+end
+
+-- Write the buffered index changes: per sorted set one ZREM and one ZADD (sliced), per
+-- counter that moved one HINCRBY.
+local function flush_indices()
+  for _, key in ipairs(ZK) do
+    local adds, dels = {}, {}
+    for member, score in pairs(ZW[key]) do
+      if score then
+        adds[#adds + 1] = score
+        adds[#adds + 1] = member
+      else
+        dels[#dels + 1] = member
+      end
+    end
+    sliced(dels, function(...) redis.call('ZREM', key, ...) end)
+    sliced(adds, function(...) redis.call('ZADD', key, ...) end)
+  end
+  for _, key in ipairs(HK) do
+    for field, n in pairs(HW[key]) do
+      if n ~= 0 then redis.call('HINCRBY', key, field, n) end
+    end
+  end
+  ZW, ZK, HW, HK = {}, {}, {}, {}
+end
+
+-- Conversation records this script has read or written, by key (false: none), so a
+-- batch reads each at most once and a later message sees an earlier one's write.
+local REC = {}
+
+-- Store record `blob` under `key`.
+local function put_record(key, blob)
+  redis.call('SET', key, blob)
+  REC[key] = blob
+end
+
 local function owes(h)
   if h[5] == 'clarifying' then return h[3] end
   return h[4]
@@ -92,17 +162,17 @@ end
 -- Index a new conversation (header h of a REQUEST or BROADCAST).
 local function enter(id, h)
   if h[2] ~= 'BROADCAST' then
-    redis.call('ZADD', P .. 's:' .. h[5], h[10], id)
-    redis.call('HINCRBY', P .. 'ld', h[18], 1)
-    for _, key in ipairs(h[19]) do redis.call('ZADD', P .. 'p:' .. key, h[10], id) end
+    zput(P .. 's:' .. h[5], id, h[10])
+    hincr(P .. 'ld', h[18], 1)
+    for _, key in ipairs(h[19]) do zput(P .. 'p:' .. key, id, h[10]) end
   end
-  redis.call('ZADD', P .. 'due', h[12], id)
+  zput(P .. 'due', id, h[12])
 end
 
 -- Make the agent with canonical key `key` a party of conversation `id` (header h):
 -- listed in h[19] and indexed under p:<key>, once. '' and 'all' are nobody.
 local function party(id, h, key)
-  if add_key(h[19], key) then redis.call('ZADD', P .. 'p:' .. key, h[10], id) end
+  if add_key(h[19], key) then zput(P .. 'p:' .. key, id, h[10]) end
 end
 
 -- Re-index conversation `id` that was in status st0 owed by w0 and now has header h:
@@ -111,19 +181,19 @@ local function reindex(id, h, st0, w0, now)
   local st = h[5]
   local active = ACTIVE[st]
   if st ~= st0 then
-    redis.call('ZREM', P .. 's:' .. st0, id)
-    redis.call('ZADD', P .. 's:' .. st, active and h[10] or now, id)
+    zput(P .. 's:' .. st0, id, false)
+    zput(P .. 's:' .. st, id, active and h[10] or now)
   end
   if active then
     local who = owes_key(h)
     if who ~= w0 then
-      redis.call('HINCRBY', P .. 'ld', w0, -1)
-      redis.call('HINCRBY', P .. 'ld', who, 1)
+      hincr(P .. 'ld', w0, -1)
+      hincr(P .. 'ld', who, 1)
     end
-    redis.call('ZADD', P .. 'due', h[12], id)
+    zput(P .. 'due', id, h[12])
   else
-    redis.call('HINCRBY', P .. 'ld', w0, -1)
-    redis.call('ZREM', P .. 'due', id)
+    hincr(P .. 'ld', w0, -1)
+    zput(P .. 'due', id, false)
   end
 end
 
@@ -138,17 +208,16 @@ local function move(key, id, h, body, st, deadline, now, ev, assignee, ak)
   ev[6] = st
   reindex(id, h, st0, w0, now)
   local blob = encode(h, body, ev)
-  redis.call('SET', key, blob)
+  put_record(key, blob)
   return blob
 end
 
--- Append the outbox journal entry ARGV[3] (JSON, "" for none) for an accepted message,
+-- Append the outbox journal entry j (JSON, "" for none) for an accepted message,
 -- in the same atomic step as the state change (docs/gateway.md, "Outbox"). Each
 -- delivery d = {transport, channel, thread, recipient, reply_to}; one on the channel
 -- where conversation h started goes into its thread and replies to its first message.
 -- h is nil for an orphan RESPONSE (no conversation: no placement).
-local function journal(h)
-  local j = ARGV[3]
+local function journal(h, j)
   if not j or j == '' then return end
   if h then
     local e = cjson.decode(j)
@@ -167,19 +236,8 @@ end
 
 -- Append item to the list groups[name] (created on first use).
 local function group(groups, name, item)
-  local list = groups[name]
-  if not list then
-    list = {}
-    groups[name] = list
-  end
+  local list = table_of(groups, name)
   list[#list + 1] = item
-end
-
--- Call f with the items of list in slices (Lua's unpack takes a few thousand at most).
-local function sliced(list, f)
-  for i = 1, #list, 1000 do
-    f(unpack(list, i, math.min(i + 999, #list)))
-  end
 end
 
 -- Earlier versions kept one zset of owed conversations per agent (`a:<name>`, the names
