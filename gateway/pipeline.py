@@ -35,7 +35,7 @@ from protocol import (
     MessageType,
     Status,
     build_response,
-    fingerprint,
+    fingerprint_and_render,
     name_key,
     parse,
     render,
@@ -273,7 +273,7 @@ class Pipeline:
             )
         if rejection is not None:
             return await self._reject(env, msg, rejection)
-        fp = fingerprint(msg)
+        fp, rendered = fingerprint_and_render(msg)
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         targets = await self._targets(msg, env.address, None)
         if not msg.is_broadcast and not any(r for _, r in targets):
@@ -282,7 +282,9 @@ class Pipeline:
                 return await self._reject(env, msg, refused)
         # The relays are journaled in the same atomic step as the state change, and the
         # loop guard is checked and charged in it too (shared by every replica).
-        entry = self._entry(msg, targets, sender_at=env.address) if targets else ""
+        entry = (
+            self._entry(msg, targets, sender_at=env.address, text=rendered) if targets else ""
+        )
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
         budget = self._budget.budget(msg.sender, msg.to, env.identity)
         applied = await self._store.apply(
@@ -524,8 +526,10 @@ class Pipeline:
         *,
         sender_at: Address | None = None,
         conv: Conversation | None = None,
+        text: str | None = None,
     ) -> str:
-        """The journal entry relaying ``msg`` to ``targets``.
+        """The journal entry relaying ``msg`` (``text``: ``render(msg)`` when the caller
+        has it already) to ``targets``.
 
         With ``conv`` the placement (thread, reply-to) is resolved here; without it the
         state script resolves it from the conversation's origin in the same commit.
@@ -541,7 +545,7 @@ class Pipeline:
             for a, recipient in targets
         ]
         return journal_entry(
-            render(msg),
+            render(msg) if text is None else text,
             OutboundKind.PROTOCOL,
             deliveries,
             request_id=msg.request_id,

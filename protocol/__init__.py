@@ -20,7 +20,7 @@ from protocol.build import (
     sub_request,
 )
 from protocol.errors import ERROR_CODES, BuildError, DepthLimitError, ParseError
-from protocol.fingerprint import fingerprint
+from protocol.fingerprint import fingerprint, fingerprint_and_render
 from protocol.ids import new_request_id, new_trace_id
 from protocol.jsonview import exit_status, message_to_dict, result_to_dict
 from protocol.models import (
@@ -88,6 +88,7 @@ __all__ = [
     "check_request_id",
     "exit_status",
     "fingerprint",
+    "fingerprint_and_render",
     "generate_keypair",
     "is_depth_violation",
     "load_private_key",

@@ -10,15 +10,27 @@ from __future__ import annotations
 import hashlib
 
 from protocol.models import Message, MessageBase
-from protocol.render import render_body
+from protocol.render import fence, render_body
 
 
 def fingerprint(msg: Message | MessageBase) -> str:
     """64 hex digits identifying ``msg`` independently of transport and signature."""
-    unsigned = msg.model_copy(update={"key_id": None, "signature": None})
-    content = hashlib.sha256(
-        render_body(unsigned, signature=False).encode("utf-8", "surrogatepass")
-    ).hexdigest()
+    return _of_unsigned(msg, render_body(msg, signature=False, key_id=False))
+
+
+def fingerprint_and_render(msg: Message | MessageBase) -> tuple[str, str]:
+    """``(fingerprint(msg), render(msg))``; an unsigned message is rendered once for both
+    (the hot path: most messages carry neither KeyId nor Signature)."""
+    unsigned = render_body(msg, signature=False, key_id=False)
+    fields = msg.__dict__
+    if fields["key_id"] is None and fields["signature"] is None:
+        return _of_unsigned(msg, unsigned), fence(unsigned)
+    return _of_unsigned(msg, unsigned), fence(render_body(msg))
+
+
+def _of_unsigned(msg: Message | MessageBase, unsigned: str) -> str:
+    """The fingerprint of ``msg`` from its rendering without KeyId and Signature."""
+    content = hashlib.sha256(unsigned.encode("utf-8", "surrogatepass")).hexdigest()
     identity = "\n".join(
         (getattr(msg, "type").value, msg.request_id, msg.sender, str(msg.depth), content)  # noqa: B009
     )

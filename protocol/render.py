@@ -35,8 +35,11 @@ _BODY: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def render_body(msg: Message | MessageBase, *, signature: bool = True) -> str:
-    """The canonical lines of ``msg`` without the fences (and without Signature if asked)."""
+def render_body(
+    msg: Message | MessageBase, *, signature: bool = True, key_id: bool = True
+) -> str:
+    """The canonical lines of ``msg`` without the fences (and without Signature, or
+    KeyId, if asked)."""
     # The field values straight from the instance dict; str() of a StrEnum is its value.
     fields = msg.__dict__
     type_name = str(fields["type"])
@@ -59,7 +62,7 @@ def render_body(msg: Message | MessageBase, *, signature: bool = True) -> str:
         lines.append(render_field("Protocol-Version", fields["version"]))
     if fields["meta"]:
         lines.extend([render_field(key, value) for key, value in fields["meta"]])
-    if fields["key_id"] is not None:
+    if key_id and fields["key_id"] is not None:
         lines.append(render_field("KeyId", fields["key_id"]))
     if signature and fields["signature"] is not None:
         lines.append(render_field("Signature", fields["signature"]))
@@ -68,4 +71,9 @@ def render_body(msg: Message | MessageBase, *, signature: bool = True) -> str:
 
 def render(msg: Message | MessageBase) -> str:
     """``msg`` as a fenced block, ready to post in a chat message."""
-    return f"```\n{render_body(msg)}\n```"
+    return fence(render_body(msg))
+
+
+def fence(body: str) -> str:
+    """A rendered body (``render_body``) as a fenced block: ``render`` of its message."""
+    return f"```\n{body}\n```"

@@ -21,6 +21,7 @@ from protocol import (
     build_response,
     check_depth_for_send,
     fingerprint,
+    fingerprint_and_render,
     is_depth_violation,
     new_request_id,
     new_trace_id,
@@ -179,3 +180,16 @@ def test_fingerprint() -> None:
     )
     signed = msg.model_copy(update={"key_id": "k", "signature": "ed25519:abc"})
     assert fingerprint(signed) == fingerprint(msg)
+    # Stored fingerprints (idempotency) must not change from one release to the next.
+    assert fingerprint(msg) == (
+        "ea7368e8843b2f025a0104222058c0de489986ab730c94f3bebbf49ab3a9ea27"
+    )
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_fingerprint_and_render(signed: bool) -> None:
+    msg = build_request(sender="a", to="b", task="t\n```x", request_id="r", trace_id="tr",
+                        meta=[("X-Run", "7")])
+    if signed:
+        msg = msg.model_copy(update={"key_id": "k", "signature": "ed25519:abc"})
+    assert fingerprint_and_render(msg) == (fingerprint(msg), render(msg))
