@@ -83,6 +83,9 @@ class Mq9Service:
         # closing, so the loops also watch this flag instead of trusting CancelledError.
         self._stopping = False
         self._sub: Any = None
+        # Mailboxes whose last FETCH found a long backlog: read lane by lane (a hint only,
+        # bounded like the mailboxes).
+        self._deep: dict[str, None] = {}
         self._exact: dict[str, Handler] = {
             "MAILBOX.CREATE": self._create,
             "AGENT.REGISTER": self._register,
@@ -261,24 +264,38 @@ class Mq9Service:
                                         start_time=req.from_time, limit=1)
         return first[0].seq if first else last + 1
 
-    async def _collect(self, address: str, req: FetchRequest, limit: int) -> list[Stored]:
-        offsets: dict[Lane, int] = {}
-        if req.group_name is not None and not req.force_deliver:
-            offsets = await self.storage.offsets(address, req.group_name)
-        start: int | None = None
+    async def _offsets(self, address: str, req: FetchRequest) -> dict[Lane, int]:
+        """The group's acknowledged offsets that a FETCH starts from (none: ``deliver``)."""
+        if req.group_name is None or req.force_deliver:
+            return {}
+        return await self.storage.offsets(address, req.group_name)
+
+    async def _collect(self, address: str, req: FetchRequest, limit: int,
+                       offsets: dict[Lane, int]) -> list[Stored]:
+        """Up to ``limit`` messages past ``offsets`` (lanes without one: from ``deliver``),
+        the most urgent lane first."""
+        start = None if len(offsets) == len(LANES) else await self._deliver_start(address, req)
+        firsts = {lane: offsets[lane] + 1 if lane in offsets else start or 1 for lane in LANES}
+        if address not in self._deep:
+            # A short backlog is read in one go from the earliest lane's start and sorted
+            # into lanes here: one read instead of one per lane.
+            rest = await self.storage.read_rest(address, min(firsts.values()), limit=limit,
+                                                max_bytes=self.reply_budget)
+            if rest is not None:
+                return [m for lane in LANES for m in rest
+                        if m.lane is lane and m.seq >= firsts[lane]][:limit]
+            self._deep[address] = None
+            while len(self._deep) > self.settings.max_mailboxes:
+                self._deep.pop(next(iter(self._deep)))
         out: list[Stored] = []
         for lane in LANES:
             if len(out) >= limit:
                 break
-            if lane in offsets:
-                first = offsets[lane] + 1
-            else:
-                if start is None:
-                    start = await self._deliver_start(address, req)
-                first = start
             out += await self.storage.read(
-                address, self.storage.names.lane_filter(address, lane), start_seq=first,
-                limit=limit - len(out), max_bytes=self.reply_budget)
+                address, self.storage.names.lane_filter(address, lane),
+                start_seq=firsts[lane], limit=limit - len(out), max_bytes=self.reply_budget)
+        if len(out) < limit:
+            self._deep.pop(address, None)  # the backlog is short again
         return out
 
     async def _fetch(self, address: str, msg: Msg) -> bytes:
@@ -290,16 +307,19 @@ class Mq9Service:
             return reply(_missing(address))
         limit = min(max(1, req.config.num_msgs), s.max_fetch_messages)
         try:
-            found = await self._collect(address, req, limit)
+            # FETCH never moves offsets, so one read of them serves the whole long wait.
+            offsets = await self._offsets(address, req)
+            found = await self._collect(address, req, limit, offsets)
             wait_ms = min(max(0, req.config.max_wait_ms), s.max_wait_ms)
             if not found and wait_ms > 0:
-                found = await self._wait_and_collect(address, req, limit, wait_ms / 1000)
+                found = await self._wait_and_collect(address, req, limit, offsets,
+                                                     wait_ms / 1000)
         except MailboxMissing:
             return reply(_missing(address))
         return messages_reply(found, s.payload_encoding, self.reply_budget)
 
     async def _wait_and_collect(self, address: str, req: FetchRequest, limit: int,
-                                wait: float) -> list[Stored]:
+                                offsets: dict[Lane, int], wait: float) -> list[Stored]:
         """Long wait: watch the mailbox's subjects, read again whenever something lands."""
         arrived = asyncio.Event()
 
@@ -311,7 +331,7 @@ class Mq9Service:
         try:
             while True:
                 # Read after subscribing, so a message stored in between is not missed.
-                found = await self._collect(address, req, limit)
+                found = await self._collect(address, req, limit, offsets)
                 left = deadline - time.monotonic()
                 if found or left <= 0:
                     return found

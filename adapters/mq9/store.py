@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import functools
 import itertools
 import json
 import math
@@ -117,14 +118,29 @@ class Stored:
 def unix_seconds(stamp: str) -> int:
     """Whole Unix seconds of a JetStream RFC 3339 time stamp (nanosecond precision)."""
     try:
-        return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+        return _whole_seconds(stamp[:19])
     except ValueError:
         return int(time.time())
+
+
+@functools.lru_cache(maxsize=64)
+def _whole_seconds(stamp: str) -> int:
+    # Cached: the messages of one FETCH were mostly stored within a few seconds, and
+    # strptime costs more than the rest of reading a message back.
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
 
 
 def rfc3339(unix: float) -> str:
     """A Unix time as the RFC 3339 text JetStream's direct get takes for start_time."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(0.0, unix)))
+
+
+def _pending(eob: Msg) -> int:
+    """Messages matching after a batch, from its end-of-batch (unknown counts as many)."""
+    try:
+        return int((eob.headers or {}).get("Nats-Num-Pending", "1"))
+    except ValueError:
+        return 1
 
 
 def _is_full(exc: APIError) -> bool:
@@ -159,6 +175,11 @@ class BatchReader:
 
     async def read(self, stream: str, request: dict[str, Any]) -> list[Msg]:
         """The messages one batched direct get answers (empty when none match)."""
+        return (await self.read_counted(stream, request))[0]
+
+    async def read_counted(self, stream: str, request: dict[str, Any]) -> tuple[list[Msg], int]:
+        """The messages one batched direct get answers, and how many more match after
+        them (the end-of-batch's ``Nats-Num-Pending``; 0 when none match at all)."""
         token = str(next(self._ids))
         queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._queues[token] = queue
@@ -175,10 +196,12 @@ class BatchReader:
                     if status is None:
                         out.append(msg)
                         if single:
-                            return out
+                            return out, 0
                         continue
-                    if status in ("204", "404"):
-                        return out
+                    if status == "204":
+                        return out, _pending(msg)
+                    if status == "404":
+                        return out, 0
                     if status == "503":
                         raise MailboxMissing(stream)
                     raise StorageError(f"direct get on {stream}: status {status}")
@@ -411,6 +434,16 @@ class Storage:
             request["max_bytes"] = max_bytes
         msgs = await self.reader.read(self.names.box_stream(address), request)
         return [self._stored(m) for m in msgs]
+
+    async def read_rest(self, address: str, start_seq: int, *, limit: int,
+                        max_bytes: int) -> list[Stored] | None:
+        """Every message of the mailbox from ``start_seq`` on, in order, when they are at
+        most ``limit`` and fit in ``max_bytes``; None when more are stored."""
+        msgs, pending = await self.reader.read_counted(
+            self.names.box_stream(address),
+            {"next_by_subj": self.names.box_subjects(address), "batch": limit,
+             "seq": max(1, start_seq), "max_bytes": max_bytes})
+        return None if pending else [self._stored(m) for m in msgs]
 
     @staticmethod
     def _stored(msg: Msg) -> Stored:
