@@ -93,9 +93,11 @@ async def settle(tasks: Iterable[asyncio.Task[Any] | None], grace: float) -> Non
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def through_cancel(job: Awaitable[T], grace: float | None = None) -> T:
+async def through_cancel(job: Awaitable[T], grace: float | None = None, *,
+                        cancel_late: bool = False) -> T:
     """Await ``job``; if the caller is cancelled meanwhile, let ``job`` finish first (for
-    at most ``grace`` seconds; None: until it is done), then re-raise the cancel.
+    at most ``grace`` seconds; None: until it is done), then re-raise the cancel. A job
+    still running after the grace goes on by itself, or is cancelled with ``cancel_late``.
 
     A failure of ``job`` after the cancel is logged, not raised: the cancel wins.
     """
@@ -104,6 +106,8 @@ async def through_cancel(job: Awaitable[T], grace: float | None = None) -> T:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         await asyncio.wait([task], timeout=grace)
+        if cancel_late:
+            task.cancel()
         task.add_done_callback(_log_failure)
         raise
 

@@ -31,6 +31,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from adapters.base import Adapter, DeliveryError, Receipt
+from adapters.delivery import through_cancel
 from gateway.config import OutboxSection
 from gateway.metrics import Metrics
 from gateway.outbox import Item, Outbox, items_of
@@ -49,6 +50,9 @@ WAKE_BATCH = 1000
 RECLAIM_BATCH = 100
 """Idle destinations looked at per step of a reclaim run."""
 DONE_TTL_SECONDS = 7 * 86400
+# On stop, sends in progress get at most this long (and at most their send timeout) to
+# finish and be recorded; the lease is kept meanwhile (renewed every third of its life).
+STOP_GRACE_SECONDS = 10.0
 
 _Writes = list[Callable[[Any], Any]]
 
@@ -117,13 +121,18 @@ class Dispatcher:
         self._task = asyncio.create_task(self._run(), name="bpgw-outbox-dispatch")
 
     async def stop(self) -> None:
-        """Stop dispatching and give the lease back, so another replica takes over at once."""
+        """Stop dispatching and give the lease back, so another replica takes over at once.
+
+        Sends in progress finish and are recorded first (for a bounded time, while the
+        lease is still kept): a post that reached its platform but was not recorded
+        would be posted again by the next dispatcher.
+        """
         self._stopping = True
-        tasks = [t for t in (self._task, self._keepalive, self._reclaimer,
-                             *self._workers.values()) if t]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for group in ((self._task, *self._workers.values()), (self._keepalive, self._reclaimer)):
+            tasks = [t for t in group if t]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._task = self._keepalive = self._reclaimer = None
         self._workers.clear()
         await self._journal_reader.aclose()
@@ -316,6 +325,18 @@ class Dispatcher:
                 continue
             for item in items:
                 groups.setdefault(item.dest, []).append(item)
+        await self._finishing(self._deliver_batch(groups, ids, replay))
+
+    async def _finishing(self, job: Awaitable[None]) -> None:
+        """Run ``job`` (sends and the records of what they sent) to its end even when
+        the dispatcher is stopped meanwhile, within the stop grace."""
+        await through_cancel(
+            job, grace=min(STOP_GRACE_SECONDS, self._s.send_timeout_seconds), cancel_late=True)
+
+    async def _deliver_batch(self, groups: Mapping[str, list[Item]], ids: Sequence[str],
+                             replay: bool) -> None:
+        """Deliver journal entries ``ids`` (their items by destination), record what was
+        sent and acknowledge the entries."""
         writes: _Writes = []
         await asyncio.gather(
             *(self._to_dest(dest, items, replay, writes) for dest, items in groups.items())
@@ -565,33 +586,39 @@ class Dispatcher:
                 wait = items[0].next_at - time.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                writes: _Writes = []
                 # Items behind the head that failed on their own wait for their backoff.
                 now, ready = time.time(), items[:1]
                 for item in items[1:]:
                     if item.next_at > now:
                         break
                     ready.append(item)
-                done = await self._sent_before(dest, ready)
-                sent, failed = await self._deliver_in_order(dest, ready, done, writes)
-                buried = failed is not None and failed.attempts >= self._s.max_attempts
-                if buried:
-                    assert failed is not None
-                    await self._bury(dest, failed)
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for write in writes:
-                        write(pipe)
-                    if sent + buried:
-                        pipe.ltrim(queue, sent + buried, -1)
-                    if failed is not None and not buried:
-                        pipe.lset(queue, 0, failed.to_json())
-                        pipe.hset(self._keys.blocked, dest, _why(failed))
-                    await pipe.execute()
+                await self._finishing(self._retry_pass(dest, queue, ready))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis outage: wait and try again
                 log.warning("retry queue of %s: %s", dest, exc)
                 await asyncio.sleep(1.0)
+
+
+    async def _retry_pass(self, dest: str, queue: str, ready: list[Item]) -> None:
+        """Send the head items ``ready`` of ``dest``'s queue in order, then trim what went
+        through (or was dead-lettered) and note why the head is still blocked."""
+        writes: _Writes = []
+        done = await self._sent_before(dest, ready)
+        sent, failed = await self._deliver_in_order(dest, ready, done, writes)
+        buried = failed is not None and failed.attempts >= self._s.max_attempts
+        if buried:
+            assert failed is not None
+            await self._bury(dest, failed)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for write in writes:
+                write(pipe)
+            if sent + buried:
+                pipe.ltrim(queue, sent + buried, -1)
+            if failed is not None and not buried:
+                pipe.lset(queue, 0, failed.to_json())
+                pipe.hset(self._keys.blocked, dest, _why(failed))
+            await pipe.execute()
 
 
 @dataclass

@@ -42,6 +42,8 @@ class FlakyAdapter(Adapter):
         self.retry_after: float | None = None
         self.sent: list[Outbound] = []
         self.failures = 0
+        self.slow = 0.0  # seconds the platform takes to answer a post it already has
+        self.answered = 0
         self._ids = 0
 
     async def start(self, sink: GatewaySink) -> None:
@@ -56,6 +58,9 @@ class FlakyAdapter(Adapter):
             raise DeliveryError("platform unavailable", retry_after=self.retry_after,
                                 code="rate_limited")
         self.sent.append(message)
+        if self.slow:
+            await asyncio.sleep(self.slow)
+        self.answered += 1
         self._ids += 1
         return Receipt((f"{self.name}-{self._ids}",))
 
@@ -190,6 +195,30 @@ async def _bpgw(cfg: tuple[str, str, Path], *args: str) -> str:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     return out.decode()
+
+
+async def test_a_send_in_progress_when_the_gateway_stops_is_finished_not_repeated(
+    cfg, redis_client
+) -> None:
+    """The platform has the post but has not answered yet when the gateway is stopped:
+    the send finishes and is recorded before the dispatcher lets go, so the next gateway
+    does not post it again."""
+    config = _config(cfg)
+    async with running(config) as gw:
+        chat, far = memory(gw, "chat"), _far(gw)
+        far.slow = 0.5
+        # inject waits for the dispatch; the gateway is stopped while the send is out.
+        injected = asyncio.create_task(chat.inject(
+            render(build_request(sender="Lotbot", to="Mantis", task="slow")), author_id="u-lot"))
+        await _until(lambda: len(far.sent) == 1)
+        assert far.answered == 0
+    assert far.answered == 1  # the stop waited for the answer
+    assert (await injected).outcome == "accepted"
+    async with running(config) as again:
+        await again.drain()
+        await asyncio.sleep(0.3)  # a retry worker would have run by now
+        assert _far(again).sent == []
+    assert await redis_client.xlen(OutboxKeys(cfg[1]).journal) == 0
 
 
 async def test_relays_commit_with_the_state_change(cfg, redis_client) -> None:
