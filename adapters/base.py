@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 import pkgutil
 import time
 from abc import ABC, abstractmethod
@@ -504,6 +505,17 @@ class Adapter(ABC):
     def set_health(self, state: HealthState, detail: str = "") -> None:
         """Record a state change (adapters call this from their connection handling)."""
         self._health = Health(state, detail)
+
+    async def start_failed(self, detail: str, cleanup: Callable[[], Awaitable[None]],
+                           logger: logging.Logger) -> None:
+        """What a transport whose ``start`` failed does before re-raising: ``cleanup``
+        what it started, go DOWN with ``detail`` (what the operator should fix) and log
+        it on the transport's ``logger`` (``bpgw.adapters.<kind>``)."""
+        await cleanup()
+        self.set_health(HealthState.DOWN, detail)
+        kind = logger.name.rsplit(".", 1)[-1]
+        logger.error("%s transport %s did not start: %s", kind, self.name, detail,
+                     extra={"transport": self.name})
 
     async def probe(self) -> Sequence[Probe]:
         """Check, without starting, that the transport can run as configured.

@@ -187,11 +187,7 @@ class DiscordAdapter(Adapter):
                     f"Discord did not get ready within {self.settings.ready_timeout_seconds:g}s"
                 )
         except BaseException as exc:
-            detail = _why_down(exc)
-            await self._shutdown()
-            self.set_health(HealthState.DOWN, detail)
-            log.error("discord transport %s did not start: %s", self.name, detail,
-                      extra={"transport": self.name})
+            await self.start_failed(_why_down(exc), self._shutdown, log)
             raise
         self._runner.add_done_callback(self._connection_ended)
         log.info("discord transport %s connected as %s", self.name, client.user,

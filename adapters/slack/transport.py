@@ -134,11 +134,7 @@ class SlackAdapter(Adapter):
             else:
                 await self._listen(app)
         except BaseException as exc:
-            detail = _why_down(exc)
-            await self._shutdown()
-            self.set_health(HealthState.DOWN, detail)
-            log.error("slack transport %s did not start: %s", self.name, detail,
-                      extra={"transport": self.name})
+            await self.start_failed(_why_down(exc), self._shutdown, log)
             raise
         self._inbound.catch_up_all()
         where = f"listening on port {self.port}" if self.port is not None else "socket mode"

@@ -200,11 +200,7 @@ class TelegramAdapter(Adapter):
                     allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False,
                     max_connections=self.settings.webhook_max_connections)
         except BaseException as exc:
-            detail = _why_down(exc)
-            await self._shutdown()
-            self.set_health(HealthState.DOWN, detail)
-            log.error("telegram transport %s did not start: %s", self.name, detail,
-                      extra={"transport": self.name})
+            await self.start_failed(_why_down(exc), self._shutdown, log)
             raise
         self._up()
         log.info("telegram transport %s running as @%s (%s)", self.name, self.username,
