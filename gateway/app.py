@@ -17,7 +17,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -277,35 +277,68 @@ class Gateway:
         processed again. ``envelope.on_commit`` is awaited when the disposition says
         committed, before this returns.
         """
+        (disposition,) = await self.on_envelopes([envelope])
+        return disposition
+
+    async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
+        """``on_envelope`` for a batch (a FETCH): their dispositions, in order.
+
+        The inbound claims of the whole batch are taken, and settled, in one round trip
+        each; one channel's envelopes run in order (an answer after its question), the
+        channels side by side, so the state store batches their applies.
+        """
         await self._started.wait()
-        claim_key: str | None = None
+        if not envelopes:
+            return []
+        claims = self._inbound_claims
+        out: list[Disposition | None] = [None] * len(envelopes)
         try:
-            claim_key = await self._claim_key(envelope)
-            if claim_key is not None:
-                found = await self._inbound_claims.claim(claim_key)
-                if found is Claim.DONE:
-                    disposition = Disposition("duplicate", "this native message was processed")
-                    await self._committed(envelope, disposition)
-                    return disposition
-                if found is Claim.BUSY:
-                    return Disposition("busy", "another replica is processing this message")
-            disposition = await self.pipeline.handle(envelope)
-            if claim_key is not None:
-                if disposition.committed:
-                    await self._inbound_claims.done(claim_key)
-                else:
-                    await self._inbound_claims.release(claim_key)
+            keys = [await self._claim_key(e) for e in envelopes]
+            found = iter(await claims.claim_many([k for k in keys if k is not None]))
+        except Exception as exc:  # a store outage must not kill the adapter's task
+            log.exception("inbound claims failed", extra={"transport": envelopes[0].transport})
+            failed = Disposition("error", f"the gateway could not process this message: {exc}")
+            return [failed] * len(envelopes)
+        channels: dict[tuple[str, str], list[int]] = {}
+        for i, (envelope, key) in enumerate(zip(envelopes, keys, strict=True)):
+            claim = next(found) if key is not None else Claim.NEW
+            if claim is Claim.DONE:
+                out[i] = Disposition("duplicate", "this native message was processed")
+            elif claim is Claim.BUSY:
+                keys[i] = None  # its holder settles it
+                out[i] = Disposition("busy", "another replica is processing this message")
+            else:
+                channels.setdefault((envelope.transport, envelope.channel), []).append(i)
+
+        async def in_order(indexes: list[int]) -> None:
+            for i in indexes:
+                out[i] = await self._handle(envelopes[i])
+
+        await asyncio.gather(*(in_order(indexes) for indexes in channels.values()))
+        handled = [i for indexes in channels.values() for i in indexes if keys[i] is not None]
+        done = {i for i in handled if cast(Disposition, out[i]).committed}
+        try:
+            await claims.settle([cast(str, keys[i]) for i in handled if i in done],
+                                [cast(str, keys[i]) for i in handled if i not in done])
+        except Exception as exc:  # else a redelivery finds the claim busy until it expires
+            log.exception("inbound claims failed", extra={"transport": envelopes[0].transport})
+            for i in done:
+                out[i] = Disposition("error", f"the gateway could not process this message: {exc}")
+        dispositions = cast(list[Disposition], out)
+        for envelope, disposition in zip(envelopes, dispositions, strict=True):
+            await self._committed(envelope, disposition)
+        return dispositions
+
+    async def _handle(self, envelope: Envelope) -> Disposition:
+        """The pipeline's disposition of ``envelope``; ``error`` when it failed."""
+        try:
+            return await self.pipeline.handle(envelope)
         except Exception as exc:  # a store outage must not kill the adapter's task
             log.exception(
                 "pipeline failed",
                 extra={"transport": envelope.transport, "native_id": envelope.native_id},
             )
-            if claim_key is not None:
-                with contextlib.suppress(Exception):  # else it expires on its own
-                    await self._inbound_claims.release(claim_key)
             return Disposition("error", f"the gateway could not process this message: {exc}")
-        await self._committed(envelope, disposition)
-        return disposition
 
     async def _claim_key(self, envelope: Envelope) -> str | None:
         """The inbound claim of ``envelope``, or None when it needs none."""

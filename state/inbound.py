@@ -16,6 +16,7 @@ when long), hash tagged per transport.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from enum import StrEnum
 
 import redis.asyncio as aioredis
@@ -62,19 +63,32 @@ class InboundClaims:
             tail = "h" + hashlib.sha256(tail.encode("utf-8", "surrogatepass")).hexdigest()
         return f"{prefix}:{tail}"
 
-    async def claim(self, key: str) -> Claim:
-        """Try to take the claim ``key``."""
-        found = await self._redis.set(key, _PROCESSING, nx=True, get=True, px=self._processing_ms)
-        if found is None:
-            return Claim.NEW
-        if isinstance(found, bytes):
-            found = found.decode()
-        return Claim.BUSY if found == _PROCESSING else Claim.DONE
+    async def claim_many(self, keys: Sequence[str]) -> list[Claim]:
+        """Try to take every claim of ``keys``, in one round trip."""
+        if not keys:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.set(key, _PROCESSING, nx=True, get=True, px=self._processing_ms)
+            return [_claim(found) for found in await pipe.execute()]
 
-    async def done(self, key: str) -> None:
-        """The message was processed: remember it for ``done_seconds``."""
-        await self._redis.set(key, _DONE, px=self._done_ms)
+    async def settle(self, done: Sequence[str], failed: Sequence[str]) -> None:
+        """The messages of ``done`` were processed: remember them for ``done_seconds``;
+        processing ``failed`` failed: let a redelivery have them. One round trip."""
+        if not done and not failed:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in done:
+                pipe.set(key, _DONE, px=self._done_ms)
+            for key in failed:
+                pipe.delete(key)
+            await pipe.execute()
 
-    async def release(self, key: str) -> None:
-        """Processing failed: let a redelivery have it."""
-        await self._redis.delete(key)
+
+def _claim(found: object) -> Claim:
+    """What a ``SET NX GET`` of a claim answered."""
+    if found is None:
+        return Claim.NEW
+    if isinstance(found, bytes):
+        found = found.decode()
+    return Claim.BUSY if found == _PROCESSING else Claim.DONE

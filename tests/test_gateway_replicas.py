@@ -80,13 +80,13 @@ async def test_commit_hook_runs_only_for_committed_envelopes(
         # claim is left to its holder.
         claims = InboundClaims(redis_client, namespace, processing_seconds=60, done_seconds=60)
         key = claims.key("chat", "main", "n-3")
-        assert await claims.claim(key) == "new"
+        assert await claims.claim_many([key]) == ["new"]
         busy = await chat.inject(text, author_id="u-lot", native_id="n-3", on_commit=hook("n-3"))
         assert busy.outcome == "busy" and not busy.committed
         assert [a for a in acked if a[0] == "n-3"] == []
         assert await redis_client.get(key) == b"p"
         # Its holder finished: now a redelivery is a committed duplicate.
-        await claims.done(key)
+        await claims.settle([key], [])
         dup = await chat.inject(text, author_id="u-lot", native_id="n-3", on_commit=hook("n-3"))
         assert dup.outcome == "duplicate" and acked[-1] == ("n-3", "duplicate")
 

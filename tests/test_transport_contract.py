@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,12 +49,12 @@ class RecordingGateway(Gateway):
         self.handled: list[tuple[Envelope, Disposition]] = []
         self._changed = asyncio.Condition()
 
-    async def on_envelope(self, envelope: Envelope) -> Disposition:
-        disposition = await super().on_envelope(envelope)
+    async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
+        dispositions = await super().on_envelopes(envelopes)
         async with self._changed:
-            self.handled.append((envelope, disposition))
+            self.handled.extend(zip(envelopes, dispositions, strict=True))
             self._changed.notify_all()
-        return disposition
+        return dispositions
 
     async def wait_handled(
         self, count: int, where: Callable[[Envelope], bool] = lambda e: True

@@ -39,7 +39,6 @@ from adapters.base import (
     Capabilities,
     DeadlineSource,
     DeliveryError,
-    Disposition,
     Envelope,
     GatewaySink,
     HealthState,
@@ -314,43 +313,40 @@ class Mq9Bridge(Adapter):
                 await asyncio.sleep(s.retry_seconds)
 
     async def _process(self, batch: list[Fetched], *, full: bool) -> bool:
-        """Hand ``batch`` to the gateway and ACK what it committed; False when some
-        message was not committed (it is fetched again)."""
+        """Hand ``batch`` to the gateway at once and ACK what it committed; False when
+        some message was not committed (it is fetched again)."""
         committed: set[int] = set()
-        # One sender's messages in order (a CLARIFY answer after its REQUEST), senders
-        # side by side.
-        by_sender: dict[str, list[Fetched]] = {}
+        envelopes: list[Envelope] = []
+        ids: list[int] = []
         for m in batch:
-            by_sender.setdefault(m.header.get(REPLY_TO_HEADER, ""), []).append(m)
-
-        async def one_sender(messages: list[Fetched]) -> None:
-            for m in messages:
-                if await self._ingest(m):
-                    committed.add(m.msg_id)
-
-        await asyncio.gather(*(one_sender(ms) for ms in by_sender.values()))
+            envelope = self._envelope(m)
+            if envelope is None:
+                committed.add(m.msg_id)  # refused: acknowledged, it can never pass
+            else:
+                envelopes.append(envelope)
+                ids.append(m.msg_id)
+        if envelopes and self._sink is not None:
+            self._received += len(envelopes)
+            # The gateway runs one sender's (one channel's) messages in order, a CLARIFY
+            # answer after its REQUEST, and the senders side by side.
+            dispositions = await self._sink.on_envelopes(envelopes)
+            committed.update(i for i, d in zip(ids, dispositions, strict=True) if d.committed)
         for msg_id in ack_plan(batch, committed, full=full):
             await self.client.ack(self.settings.mailbox, self.settings.group, msg_id)
         return len(committed) == len(batch)
 
-    async def _ingest(self, m: Fetched) -> bool:
-        """One message into the gateway; True once committed (its ACK may then go)."""
+    def _envelope(self, m: Fetched) -> Envelope | None:
+        """The envelope of one message; None when it is refused (no reply mailbox)."""
         sender = m.header.get(REPLY_TO_HEADER, "")
         problem = address_problem(sender) if sender else f"no {REPLY_TO_HEADER} header"
         text = self._text(m)
         if problem or text is None:
-            # Nobody to answer: counted and logged, then acknowledged (it can never pass).
+            # Nobody to answer: counted and logged (then acknowledged).
             self.dropped += 1
             log.warning("mq9 transport %s: message %d refused: %s", self.name, m.msg_id,
                         problem or "payload is not base64", extra={"native_id": str(m.msg_id)})
-            return True
-        done = False
-
-        async def on_commit(_: Disposition) -> None:
-            nonlocal done
-            done = True
-
-        envelope = Envelope(
+            return None
+        return Envelope(
             transport=self.name,
             channel=sender,
             author=Author(id=sender, display_name=sender, is_bot=True,
@@ -359,13 +355,7 @@ class Mq9Bridge(Adapter):
             # The store time tells a message from one with the same msg_id in a mailbox
             # that expired and was created again.
             native_id=f"{m.msg_id}.{m.create_time}",
-            on_commit=on_commit,
         )
-        if self._sink is None:
-            return False
-        self._received += 1
-        await self._sink.on_envelope(envelope)
-        return done
 
     def _text(self, m: Fetched) -> str | None:
         if self.settings.payload_encoding == "text":
