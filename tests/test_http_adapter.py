@@ -514,6 +514,25 @@ async def test_the_count_kept_with_the_inbox_follows_acks_also_in_an_older_inbox
         await adapter.send(notice("bob", "one too many"))
 
 
+async def test_stored_messages_are_served_as_stored_also_in_the_older_form(
+    adapter: HttpAdapter, api: Api, redis: aioredis.Redis
+) -> None:
+    """A poll hands the stored JSON on as it is: any text survives the round trip, and
+    an entry stored by an earlier version (a JSON array, not an object) still reads."""
+    hostile = 'quote " backslash \\ nul \x00 line\nsep \u2028 emoji \U0001f600 ```'
+    await adapter.send(notice("bob", hostile))
+    stream = adapter._inboxes._keys("bob")[0]
+    body = '["older", "notice", "req-0", null, null, "t1", 1700000000.25]'
+    await redis.xadd(stream, {"o": str(len(body)), "b": body})
+    _, got = await api.get("/v1/agents/bob/inbox", BOB)
+    first, older = got["messages"]
+    assert first["text"] == hostile and first["kind"] == "notice"
+    assert {k: older[k] for k in older if k != "id"} == {
+        "text": "older", "kind": "notice", "request_id": "req-0", "trace_id": None,
+        "reply_to": None, "thread": "t1", "at": 1700000000.25,
+    }
+
+
 async def test_a_batch_is_stored_in_order_up_to_a_full_inbox(
     adapter: HttpAdapter, api: Api
 ) -> None:

@@ -31,7 +31,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from json.encoder import encode_basestring as _json_str
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -168,52 +168,43 @@ return {rows, last, '0'}
 """
 
 
-# One encoder for every body: json.dumps with options builds a new encoder per call.
-_to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+def _json_opt(value: str | None) -> str:
+    return "null" if value is None else _json_str(value)
 
 
-class InboxFull(Exception):
-    """The inbox holds ``inbox_max`` messages or ``inbox_max_bytes`` bytes already."""
+def inbox_body(
+    text: str,
+    kind: str,
+    *,
+    request_id: str | None = None,
+    trace_id: str | None = None,
+    reply_to: str | None = None,
+    thread: str | None = None,
+    at: float | None = None,
+) -> str:
+    """Stored form of one message: the JSON object the inbox endpoint returns for it,
+    without its ``id`` (Redis assigns that). Written out by hand (each string through
+    the json module's own encoder, as ``ensure_ascii=False`` writes it): a poll hands
+    the stored text on as it is, instead of decoding and encoding every message again."""
+    return (
+        f'{{"text":{_json_str(text)},"kind":{_json_str(kind)},'
+        f'"request_id":{_json_opt(request_id)},"trace_id":{_json_opt(trace_id)},'
+        f'"reply_to":{_json_opt(reply_to)},"thread":{_json_opt(thread)},'
+        f'"at":{float(time.time() if at is None else at)!r}}}'
+    )
 
 
-@dataclass(frozen=True)
-class InboxMessage:
-    """One message in an agent's inbox, as the inbox endpoint returns it."""
-
-    id: str
-    text: str
-    kind: str
-    request_id: str | None = None
-    trace_id: str | None = None
-    reply_to: str | None = None
-    thread: str | None = None
-    at: float = field(default_factory=time.time)
-
-    def body(self) -> str:
-        """Stored form (everything but the id, which Redis assigns)."""
-        return _to_json(
-            [self.text, self.kind, self.request_id, self.trace_id, self.reply_to, self.thread,
-             self.at]
-        )
-
-    @staticmethod
-    def from_entry(entry_id: str, body: str) -> InboxMessage:
-        """Inverse of ``body`` for a stored entry."""
-        text, kind, request_id, trace_id, reply_to, thread, at = json.loads(body)
-        return InboxMessage(entry_id, text, kind, request_id, trace_id, reply_to, thread, at)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (built by hand: ``dataclasses.asdict`` deep-copies and is slow)."""
-        return {
-            "id": self.id,
-            "text": self.text,
-            "kind": self.kind,
-            "request_id": self.request_id,
-            "trace_id": self.trace_id,
-            "reply_to": self.reply_to,
-            "thread": self.thread,
-            "at": self.at,
-        }
+def entry_json(entry_id: str, body: str) -> str:
+    """One stored message as the inbox endpoint returns it: a JSON object with its id."""
+    if body.startswith("{"):
+        return f'{{"id":{_json_str(entry_id)},{body[1:]}'
+    # Stored before bodies were objects: [text, kind, request_id, trace_id, reply_to,
+    # thread, at].
+    text, kind, request_id, trace_id, reply_to, thread, at = json.loads(body)
+    return entry_json(entry_id, inbox_body(
+        text, kind, request_id=request_id, trace_id=trace_id, reply_to=reply_to,
+        thread=thread, at=at,
+    ))
 
 
 def _text(raw: Any) -> str:
@@ -259,20 +250,11 @@ class Inboxes:
         """Whether anything was ever delivered to ``owner``'s inbox."""
         return bool(await self._redis.exists(self._keys(owner)[1]))
 
-    async def put(self, owner: str, message: InboxMessage, journal_id: str | None) -> str:
-        """Store one message; its inbox id (the journal id when it was already there).
-
-        Raises ``InboxFull`` when the inbox is at its count or byte bound.
-        """
-        [(status, value)] = await self.put_many(owner, [(message, journal_id)])
-        if status == "full":
-            raise InboxFull(value)
-        return value
-
     async def put_many(
-        self, owner: str, messages: Sequence[tuple[InboxMessage, str | None]]
+        self, owner: str, messages: Sequence[tuple[str, str | None]]
     ) -> list[tuple[str, str]]:
-        """Store messages in order, one script call per ``PUT_BATCH_BYTES`` of them.
+        """Store messages (``inbox_body`` each, with its outbox journal id) in order, one
+        script call per ``PUT_BATCH_BYTES`` of them.
 
         Per message ``("ok", inbox id)``, ``("dup", journal id)`` (already stored), or
         ``("full", why)``, which ends the list: nothing after it is stored, so order holds.
@@ -280,8 +262,7 @@ class Inboxes:
         out: list[tuple[str, str]] = []
         args: list[Any] = []
         size = 0
-        for i, (message, journal_id) in enumerate(messages):
-            body = message.body()
+        for i, (body, journal_id) in enumerate(messages):
             length = len(body.encode())
             args += [journal_id or "", length, body]
             size += length
@@ -306,9 +287,9 @@ class Inboxes:
         *,
         ack: str | None = None,
         give_up: Callable[[], bool] = lambda: False,
-    ) -> list[InboxMessage]:
-        """Acknowledge up to ``ack``, then return up to ``limit`` messages not in flight,
-        waiting up to ``wait_seconds`` (in Redis) for a first one.
+    ) -> list[str]:
+        """Acknowledge up to ``ack``, then return up to ``limit`` messages not in flight
+        (``entry_json`` each), waiting up to ``wait_seconds`` (in Redis) for a first one.
 
         After a wait, nothing is taken once ``give_up()`` is true (the reader went away),
         so its messages stay visible to the next poll."""
@@ -322,7 +303,7 @@ class Inboxes:
             )
             ack = None
             if rows:
-                return [InboxMessage.from_entry(_text(i), _body(f)) for i, f in rows]
+                return [entry_json(_text(i), _body(f)) for i, f in rows]
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []

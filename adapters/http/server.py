@@ -13,6 +13,7 @@ import itertools
 import logging
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -38,9 +39,10 @@ from adapters.base import (
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
 from adapters.http.connections import ConnectionGuard, fit_descriptor_limit
-from adapters.http.inbox import ACK_ID, Inboxes, InboxMessage
+from adapters.http.inbox import ACK_ID, Inboxes, inbox_body
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
+    JSON_TYPE,
     RETRY_AFTER_SECONDS,
     AckBody,
     ApiError,
@@ -121,6 +123,11 @@ async def _bind_problem(host: str, port: int, table: str) -> tuple[str, str] | N
                         f"set [{table}] host to an address of this machine (127.0.0.1 for "
                         "local agents)")
     return None
+
+
+def _ids(message: Outbound) -> dict[str, str | None]:
+    """A delivery's ids for its log record."""
+    return {"request_id": message.request_id, "trace_id": message.trace_id}
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -354,31 +361,34 @@ class HttpAdapter(Adapter):
         owner = messages[0].recipient or messages[0].address.channel
         if any((m.recipient or m.address.channel) != owner for m in messages):
             return await super().send_batch(messages)  # not one inbox: one by one
+        at = time.time()
         items = [
             (
-                InboxMessage(
-                    id="",
-                    text=m.text,
-                    kind=str(m.kind),
+                inbox_body(
+                    m.text,
+                    str(m.kind),
                     request_id=m.request_id,
                     trace_id=m.trace_id,
                     reply_to=m.reply_to,
                     thread=m.address.thread,
+                    at=at,
                 ),
                 m.id,
             )
             for m in messages
         ]
         out: list[Receipt | DeliveryError] = []
+        debug = log.isEnabledFor(logging.DEBUG)
         for message, (status, value) in zip(
             messages, await self._inboxes.put_many(owner, items), strict=False
         ):
-            extra = {"request_id": message.request_id, "trace_id": message.trace_id}
             if status == "full":
-                log.warning("http transport %s: %s", self.name, value, extra=extra)
+                log.warning("http transport %s: %s", self.name, value, extra=_ids(message))
                 out.append(DeliveryError(value, retry_after=1.0, code="inbox_full"))
                 break
-            log.debug("queued %s %s for %s", message.kind, value, owner, extra=extra)
+            if debug:
+                log.debug("queued %s %s for %s", message.kind, value, owner,
+                          extra=_ids(message))
             out.append(Receipt((value,)))
         return out
 
@@ -468,8 +478,10 @@ class HttpAdapter(Adapter):
             give_up=lambda: self._stopping or _client_gone(request),
         )
         # A reader that never gets the answer loses nothing: unacknowledged messages
-        # come back after the visibility timeout.
-        return web.json_response({"messages": [m.to_dict() for m in messages]})
+        # come back after the visibility timeout. The messages are JSON already.
+        return web.Response(
+            text='{"messages":[' + ",".join(messages) + "]}", content_type=JSON_TYPE
+        )
 
     async def _post_ack(self, request: web.Request) -> web.Response:
         owner = await self._inbox_owner(request)
