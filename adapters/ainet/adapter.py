@@ -11,7 +11,9 @@ an uncommitted one is released and tried again at the next poll.
 ``send`` writes each outbound message as the next turn of its conversation folder and,
 for an AINET agent (or a BROADCAST), as its ``session/`` file too (see ``outbound``);
 what each outbox message became is recorded (``records``) so a repeated delivery writes
-nothing twice. See docs/ainet.md.
+nothing twice. Concurrent sends are delivered in batches (those queued while one batch is
+written form the next): one Redis round trip looks up their placements, one worker-thread
+hop writes their files in queue order, one round trip records them. See docs/ainet.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,8 @@ _HEADER_ROOM = 1024
 _TYPE_LINE_ROOM = 32
 # How long a cancelled send waits for files already being written to be recorded.
 _RECORD_GRACE_SECONDS = 5.0
+# Most sends written in one worker-thread hop (and recorded in one round trip).
+_BATCH_MAX = 64
 JOIN_TEXT = "AI Agent {id} has joined AINET(AI-Net) collaboration network."
 
 
@@ -112,6 +117,8 @@ class AinetAdapter(Adapter):
         self._spooled = 0
         self._ingest: Ingest | None = None
         self._broadcast_lock = asyncio.Lock()
+        self._jobs: list[_Job] = []
+        self._drainer: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -203,6 +210,8 @@ class AinetAdapter(Adapter):
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
+        if self._drainer is not None:  # sends being written finish (they can't be stopped)
+            await asyncio.wait([self._drainer], timeout=_RECORD_GRACE_SECONDS)
         if self._inbox is not None and self._written:
             with contextlib.suppress(Exception):  # only saves a re-read after restart
                 await self._inbox.note_written(self._flush_written())
@@ -322,18 +331,77 @@ class AinetAdapter(Adapter):
 
     async def _deliver(self, message: Outbound, proto: Message | None, peer: str | None
                        ) -> Receipt:
+        """Queue the delivery for the next batch and wait for its receipt."""
+        job = _Job(message, proto, peer, asyncio.get_running_loop().create_future())
+        self._jobs.append(job)
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain(), name=f"ainet-send:{self.name}")
+        # A thread can't be stopped: the files may be written already. Wait for them to be
+        # recorded before giving up (a stopping outbox cancels its sends), or the delivery
+        # repeated after a restart writes the same turn a second time.
+        return await through_cancel(job.done, grace=_RECORD_GRACE_SECONDS)
+
+    async def _drain(self) -> None:
+        """Deliver queued sends a batch at a time (the sends queued while a batch is being
+        written form the next): one Redis round trip for their placements, one worker
+        thread hop for their files, one round trip to record them."""
+        while self._jobs:
+            batch, self._jobs = self._jobs[:_BATCH_MAX], self._jobs[_BATCH_MAX:]
+            error: Exception
+            try:
+                await self._deliver_batch(batch)
+                continue
+            except RedisError as exc:  # the records are unreachable: try again later
+                error = DeliveryError(f"the bridge's records are unreachable: {exc}",
+                                      retry_after=1.0)
+            except Exception as exc:  # (every failure is the jobs', never the drainer's)
+                error = exc
+            for job in batch:
+                if not job.done.done():
+                    job.done.set_exception(error)
+
+    async def _deliver_batch(self, batch: Sequence[_Job]) -> None:
         writer, records = self._writer, self._records
-        assert writer is not None and records is not None
+        if writer is None or records is None:
+            raise DeliveryError(f"ainet transport {self.name} is not running", retry_after=1.0)
+        keyed = [(job, _request_id(job), _delivery_keys(job)) for job in batch]
+        found = await records.placements([(rid, list(keys.values())) for _, rid, keys in keyed])
+        work: list[tuple[_Job, Plan, dict[str, str], dict[str, str | None]]] = []
+        for (job, request_id, keys), (linked, seen) in zip(keyed, found, strict=True):
+            done = dict(zip(keys, seen, strict=True))
+            try:
+                plan = self._plan(job, writer, request_id, keys, linked, done)
+            except DeliveryError as exc:
+                job.done.set_exception(exc)
+                continue
+            work.append((job, plan, keys, done))
+        results = await asyncio.to_thread(_write_plans, writer, [w[1] for w in work])
+        marks: list[tuple[str, str]] = []
+        written: list[tuple[_Job, Outcome, dict[str, str | None]]] = []
+        for (job, plan, keys, done), result in zip(work, results, strict=True):
+            if isinstance(result, BaseException):
+                job.done.set_exception(_write_error(result, job.message))
+                continue
+            self._written += result.written
+            marks += _marks(plan, keys, result)
+            written.append((job, result, done))
+        await records.mark_delivered(marks)
+        for job, outcome, done in written:
+            log.debug("ainet transport %s: wrote %s", self.name,
+                      [w.rel for w in (*outcome.turns, *outcome.session)],
+                      extra={"request_id": job.message.request_id,
+                             "trace_id": job.message.trace_id})
+            if not job.done.done():
+                job.done.set_result(_receipt(outcome, done))
+
+    def _plan(self, job: _Job, writer: Writer, request_id: str | None, keys: dict[str, str],
+              linked: str | None, done: Mapping[str, str | None]) -> Plan:
+        """The files ``job`` becomes, minus what an earlier try of it wrote already
+        (``keys`` loses the delivery keys with nothing to write). Raises ``DeliveryError``
+        (``too_large``) for a block no file can hold."""
+        message, proto, peer = job.message, job.proto, job.peer
         broadcast = proto is not None and proto.is_broadcast
         to = "BROADCAST" if broadcast else peer or _peer(proto.to if proto else "") or "BROADCAST"
-        request_id = message.request_id or (proto.request_id if proto else None)
-        keys: dict[str, str] = {}
-        if message.id is not None:
-            keys["turn"] = f"{message.id}:turn"
-            keys["slot"] = f"{message.id}:slot:{'BROADCAST' if broadcast else canonical(to)}"
-        # One round trip: the conversation's folder and what this message already became.
-        linked, found = await records.placement(request_id, list(keys.values()))
-        done = dict(zip(keys, found, strict=True))
         task, reply_session = _placement(message, request_id, linked)
         slot: SlotKind | None = None
         if broadcast or peer is not None:
@@ -369,48 +437,77 @@ class AinetAdapter(Adapter):
             raise DeliveryError(f"can't write to {message.address}: a block of it is over "
                                 f"max_message_bytes ({self.settings.max_message_bytes})",
                                 code="too_large")
-        # A thread can't be stopped: the files may be written already. Record them before
-        # giving up (a stopping outbox cancels its sends), or the delivery repeated after a
-        # restart writes the same turn a second time.
-        outcome = await through_cancel(
-            self._write_and_record(message, writer, records, plan, keys),
-            grace=_RECORD_GRACE_SECONDS)
-        log.debug("ainet transport %s: wrote %s", self.name,
-                  [w.rel for w in (*outcome.turns, *outcome.session)],
-                  extra={"request_id": message.request_id, "trace_id": message.trace_id})
-        # The message's native ids are its conversation turns (one per chunk); the session
-        # file is a second copy for single-exchange agents, named only when there is no turn.
-        turns = [native_id(w.rel, w.digest) for w in outcome.turns]
-        session = [native_id(w.rel, w.digest) for w in outcome.session]
-        turns = turns or (done.get("turn") or "").split()
-        session = [i for i in session or (done.get("slot") or "").split() if i != "spooled"]
-        return Receipt(tuple(turns or session))
+        return plan
 
-    async def _write_and_record(self, message: Outbound, writer: Writer,
-                                records: BridgeRecords, plan: Plan, keys: Mapping[str, str]
-                                ) -> Outcome:
-        """Write ``plan`` (for ``message``) and record what each delivery key became."""
+
+@dataclass
+class _Job:
+    """One queued send: the message, what it is, and where its receipt goes."""
+
+    message: Outbound
+    proto: Message | None
+    peer: str | None
+    done: asyncio.Future[Receipt]
+
+
+def _request_id(job: _Job) -> str | None:
+    return job.message.request_id or (job.proto.request_id if job.proto else None)
+
+
+def _delivery_keys(job: _Job) -> dict[str, str]:
+    """The delivery record keys of ``job``: its turn, and its session slot per agent."""
+    message, proto = job.message, job.proto
+    if message.id is None:
+        return {}
+    broadcast = proto is not None and proto.is_broadcast
+    to = "BROADCAST" if broadcast else canonical(
+        job.peer or _peer(proto.to if proto else "") or "BROADCAST")
+    return {"turn": f"{message.id}:turn", "slot": f"{message.id}:slot:{to}"}
+
+
+def _write_plans(writer: Writer, plans: Sequence[Plan]) -> list[Outcome | Exception]:
+    """Write each plan in turn (in a worker thread); a failure is that plan's alone."""
+    results: list[Outcome | Exception] = []
+    for plan in plans:
         try:
-            outcome = await asyncio.to_thread(writer.write, plan)
-        except LayoutError as exc:
-            raise DeliveryError(str(exc), retry_after=5.0, code="inbox_full") from None
-        except UnsafeNameError as exc:
-            raise DeliveryError(f"can't write to {message.address}: {exc}",
-                                code="bad_address") from None
-        except UnicodeError as exc:  # (lone surrogates can't be written as UTF-8)
-            raise DeliveryError(f"the text can't be written as UTF-8: {exc}") from None
-        except OSError as exc:
-            raise DeliveryError(f"workspace write failed: {exc}", retry_after=1.0) from None
-        self._written += outcome.written
-        turns = " ".join(native_id(w.rel, w.digest) for w in outcome.turns)
-        session = " ".join(native_id(w.rel, w.digest) for w in outcome.session)
-        marks = []
-        if "turn" in keys and plan.task is not None:
-            marks.append((keys["turn"], turns))
-        if "slot" in keys and plan.slot is not None:
-            marks.append((keys["slot"], session or "spooled"))
-        await records.mark_delivered(marks)
-        return outcome
+            results.append(writer.write(plan))
+        except (LayoutError, UnsafeNameError, UnicodeError, OSError) as exc:
+            results.append(exc)
+    return results
+
+
+def _write_error(exc: BaseException, message: Outbound) -> DeliveryError:
+    """The ``DeliveryError`` a failed write of ``message`` is reported as."""
+    if isinstance(exc, LayoutError):
+        return DeliveryError(str(exc), retry_after=5.0, code="inbox_full")
+    if isinstance(exc, UnsafeNameError):
+        return DeliveryError(f"can't write to {message.address}: {exc}", code="bad_address")
+    if isinstance(exc, UnicodeError):  # (lone surrogates can't be written as UTF-8)
+        return DeliveryError(f"the text can't be written as UTF-8: {exc}")
+    return DeliveryError(f"workspace write failed: {exc}", retry_after=1.0)
+
+
+def _marks(plan: Plan, keys: Mapping[str, str], outcome: Outcome) -> list[tuple[str, str]]:
+    """What to record for each delivery key: the native ids written ("spooled": the
+    session file waits in the spool)."""
+    turns = " ".join(native_id(w.rel, w.digest) for w in outcome.turns)
+    session = " ".join(native_id(w.rel, w.digest) for w in outcome.session)
+    marks = []
+    if "turn" in keys and plan.task is not None:
+        marks.append((keys["turn"], turns))
+    if "slot" in keys and plan.slot is not None:
+        marks.append((keys["slot"], session or "spooled"))
+    return marks
+
+
+def _receipt(outcome: Outcome, done: Mapping[str, str | None]) -> Receipt:
+    """The message's native ids are its conversation turns (one per chunk); the session
+    file is a second copy for single-exchange agents, named only when there is no turn."""
+    turns = [native_id(w.rel, w.digest) for w in outcome.turns]
+    session = [native_id(w.rel, w.digest) for w in outcome.session]
+    turns = turns or (done.get("turn") or "").split()
+    session = [i for i in session or (done.get("slot") or "").split() if i != "spooled"]
+    return Receipt(tuple(turns or session))
 
 
 def _placement(message: Outbound, request_id: str | None, linked: str | None

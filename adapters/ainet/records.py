@@ -52,18 +52,25 @@ class BridgeRecords:
         """Conversation ``request_id`` lives in ``tasks/task-<task>/``."""
         await self._folders.put([(f"F:{task}", request_id), (f"R:{request_id}", task)])
 
-    async def placement(self, request_id: str | None, keys: Sequence[str]
-                        ) -> tuple[str | None, list[str | None]]:
-        """The task folder key of conversation ``request_id`` when it is not
-        ``task-<RequestId>`` (else None) and, for each delivery key, the native ids it
-        became (space-separated) or None; one round trip."""
+    async def placements(self, items: Sequence[tuple[str | None, Sequence[str]]]
+                         ) -> list[tuple[str | None, list[str | None]]]:
+        """For each ``(request_id, delivery keys)``: the task folder key of conversation
+        ``request_id`` when it is not ``task-<RequestId>`` (else None) and, for each
+        delivery key, the native ids it became (space-separated) or None; one round trip
+        for them all."""
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.hget(self._folders.key, f"R:{request_id}")
-            if keys:
-                pipe.hmget(self._deliveries.key, list(keys))
-            raw = await pipe.execute()
-        folder = text_of(raw[0]) if request_id is not None and raw[0] is not None else None
-        return folder, [None if v is None else text_of(v) for v in (raw[1] if keys else [])]
+            for request_id, keys in items:
+                pipe.hget(self._folders.key, f"R:{request_id}")
+                if keys:
+                    pipe.hmget(self._deliveries.key, list(keys))
+            raw = iter(await pipe.execute())
+        found: list[tuple[str | None, list[str | None]]] = []
+        for request_id, keys in items:
+            folder = next(raw)
+            values = next(raw) if keys else []
+            found.append((text_of(folder) if request_id is not None and folder is not None
+                          else None, [None if v is None else text_of(v) for v in values]))
+        return found
 
     async def mark_delivered(self, items: Sequence[tuple[str, str]]) -> None:
         """Remember ``(key, native ids)`` pairs."""
