@@ -314,7 +314,10 @@ class Gateway:
             for i in indexes:
                 out[i] = await self._handle(envelopes[i])
 
-        await asyncio.gather(*(in_order(indexes) for indexes in channels.values()))
+        if len(channels) == 1:  # (one envelope, one channel: no task to run it in)
+            await in_order(next(iter(channels.values())))
+        else:
+            await asyncio.gather(*(in_order(indexes) for indexes in channels.values()))
         handled = [i for indexes in channels.values() for i in indexes if keys[i] is not None]
         done = {i for i in handled if cast(Disposition, out[i]).committed}
         try:
