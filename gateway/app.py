@@ -277,7 +277,13 @@ class Gateway:
         processed again. ``envelope.on_commit`` is awaited when the disposition says
         committed, before this returns.
         """
-        (disposition,) = await self.on_envelopes([envelope])
+        if not self._fresh(envelope):
+            (disposition,) = await self.on_envelopes([envelope])
+            return disposition
+        # No inbound claim to take or settle (the HTTP path): straight to the pipeline.
+        await self._started.wait()
+        disposition = await self._handle(envelope)
+        await self._committed(envelope, disposition)
         return disposition
 
     async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
@@ -343,10 +349,15 @@ class Gateway:
             )
             return Disposition("error", f"the gateway could not process this message: {exc}")
 
+    def _fresh(self, envelope: Envelope) -> bool:
+        """True when ``envelope``'s transport mints a new native id per delivery (a retry
+        is a new message), so no inbound claim is needed."""
+        adapter = self.adapters.get(envelope.transport)
+        return adapter is not None and adapter.capabilities.fresh_native_ids
+
     async def _claim_key(self, envelope: Envelope) -> str | None:
         """The inbound claim of ``envelope``, or None when it needs none."""
-        adapter = self.adapters.get(envelope.transport)
-        if adapter is not None and adapter.capabilities.fresh_native_ids:
+        if self._fresh(envelope):
             return None
         if envelope.native_id is None or await self.pipeline.is_own(envelope):
             return None
