@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring as _json_str
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -123,6 +124,11 @@ def _address(a: Address | None) -> list[str] | None:
     return None if a is None else [a.transport, a.channel, a.thread or ""]
 
 
+def _json_strings(values: Iterable[str]) -> str:
+    """A JSON array of strings."""
+    return "[" + ",".join([_json_str(v) for v in values]) + "]"
+
+
 def journal_entry(
     text: str,
     kind: OutboundKind,
@@ -137,15 +143,15 @@ def journal_entry(
     ``sender_at`` is where to tell the sender when a delivery is dead-lettered (None for
     the gateway's own notices, so a failed notice never causes another).
     """
-    return _to_json(
-        {
-            "k": str(kind),
-            "t": text,
-            "r": request_id or "",
-            "tr": trace_id or "",
-            "d": [list(d) for d in deliveries],
-            "s": _address(sender_at),
-        }
+    # Written out by hand (one per accepted message; each string through the json
+    # module's own encoder): what _to_json makes of the same dict, at a third of the cost.
+    s = "null" if sender_at is None else _json_strings(
+        (sender_at.transport, sender_at.channel, sender_at.thread or "")
+    )
+    return (
+        f'{{"k":{_json_str(str(kind))},"t":{_json_str(text)},'
+        f'"r":{_json_str(request_id or "")},"tr":{_json_str(trace_id or "")},'
+        f'"d":[{",".join([_json_strings(d) for d in deliveries])}],"s":{s}}}'
     )
 
 

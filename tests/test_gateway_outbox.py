@@ -14,6 +14,7 @@ import pytest
 
 from adapters.base import (
     Adapter,
+    Address,
     DeliveryError,
     GatewaySink,
     HealthState,
@@ -23,7 +24,7 @@ from adapters.base import (
     register_adapter,
 )
 from gateway.app import Gateway
-from gateway.outbox import OutboxKeys
+from gateway.outbox import OutboxKeys, items_of, journal_entry
 from protocol import build_request, parse, render, reply_response
 from state.records import Origin, Outcome
 
@@ -317,3 +318,21 @@ async def test_reply_placement_follows_the_conversation_origin(cfg, redis_client
         await gw.drain()
         [back] = sent_to(chat, "main", OutboundKind.PROTOCOL)
         assert (back.address.thread, back.reply_to) == ("t-7", "root-1")
+
+
+def test_a_journal_entry_is_the_json_of_its_fields_whatever_the_text() -> None:
+    """journal_entry writes its JSON by hand: any text reads back as it went in."""
+    text = 'quote " backslash \\ nul \x00 sep \u2028 emoji \U0001f600 ``` \n line'
+    entry = journal_entry(
+        text, OutboundKind.PROTOCOL,
+        [("chat", "main", "", "Lotbot", ""), ("side", 'c"', "t", "", "r")],
+        request_id="r-1", trace_id=None, sender_at=Address("side", "room", None),
+    )
+    assert json.loads(entry) == {
+        "k": "protocol", "t": text, "r": "r-1", "tr": "",
+        "d": [["chat", "main", "", "Lotbot", ""], ["side", 'c"', "t", "", "r"]],
+        "s": ["side", "room", ""],
+    }
+    [item, _] = items_of("1-1", entry, {})
+    assert item.out.text == text and item.sender_at == Address("side", "room", None)
+    assert json.loads(journal_entry("n", OutboundKind.NOTICE, []))["s"] is None
