@@ -22,6 +22,7 @@ from adapters.base import (
     Address,
     ConfigError,
     DeliveryError,
+    Disposition,
     HealthState,
     Outbound,
     create_adapter,
@@ -480,6 +481,42 @@ async def test_mirrored_conversations_are_written_as_turns(
         assert [m["Status"] for _, m in turns] == ["PENDING", "DONE"]
         assert sorted(p.name for p in (root / "session").iterdir()) == [
             f"{conv(ME)}_to_BROADCAST_broadcast.txt", "status.txt"]
+
+
+async def test_a_turn_not_taken_holds_back_the_later_turns(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn the gateway could not take (``busy``: another replica has it) is tried
+    again at the next poll, and the later turns of its conversation wait for it: the
+    turns reach the gateway in order (another conversation does not wait)."""
+    root = tmp_path / "shared"
+    peer = PlainAgent(root, PEER)
+    peer.next_turn("hold-1", ME, "@Lotbot first question")
+    peer.next_turn("hold-1", ME, "Never mind, solved.", status="DONE")
+    peer.next_turn("other-1", ME, "@Lotbot another question")
+    async with chat_and_bridge(bridge_config(redis_url, namespace, tmp_path)) as (gw, chat):
+        real, handed = gw.on_envelopes, []
+
+        async def busy_once(envelopes: Any) -> list[Disposition]:
+            rels = [(e.native_id or "").partition("@")[0] for e in envelopes]
+            handed.extend(rels)
+            first = f"tasks/task-hold-1/conversation/001-{conv(PEER)}.txt"
+            if handed.count(first) == 1 and first in rels:
+                at = rels.index(first)
+                rest = await real([e for i, e in enumerate(envelopes) if i != at])
+                rest.insert(at, Disposition("busy", "another replica has it"))
+                return rest
+            return await real(envelopes)
+
+        monkeypatch.setattr(gw, "on_envelopes", busy_once)
+        assert (await chat.one()).task == "another question"  # (not held back)
+        request = await chat.one()
+        assert request.task == "first question"
+        answer = await chat.one()
+        assert answer.type is MessageType.RESPONSE and answer.request_id == request.request_id
+    assert [rel.rpartition("/")[2][:3] for rel in handed if "hold-1" in rel] == [
+        "001", "001", "002"]
 
 
 async def test_a_redis_outage_degrades_health_and_loses_nothing(tmp_path: Path) -> None:

@@ -2,10 +2,12 @@
 
 A file addressed to the bridge (or to BROADCAST/TASK) whose Content holds a bot-protocol
 block is that message; a plain one is mapped (``mapping``) to the message that opens or
-continues its conversation. One conversation folder's files go in turn order, several
-conversations at once (``ingest_concurrency``). A file is marked ingested only after the
-gateway committed its envelope (``on_commit``), all of a batch in one call; an
-uncommitted one is released for the next poll. A file that can't be taken gets an error
+continues its conversation. One conversation folder's files go in turn order, in rounds
+(the next file of each conversation), several conversations in one batch
+(``ingest_concurrency``) handed to the gateway's ``on_envelopes``. A file is marked
+ingested only after the gateway committed its envelope (``on_commit``), all of a poll in
+one call; an uncommitted one is released for the next poll, with the later turns of its
+conversation. A file that can't be taken gets an error
 reply where its writer looks (the next turn, or its session response file); it is never
 deleted.
 """
@@ -94,6 +96,10 @@ class Ingest:
         self._acks: list[Arrival] = []
         # Task folder -> RequestId for the current batch (fetched in one call).
         self._links: dict[str, str | None] = {}
+        # Task folder -> RequestId of the folders the bridge opened (for one batch), and
+        # the folder links made while building a batch (stored in one call).
+        self._opened: dict[str, str | None] = {}
+        self._new_links: list[tuple[str, str]] = []
 
     def protocol_name(self, agent_id: str) -> str:
         """The bot-protocol name of an AINET agent (``agents`` option, else its id)."""
@@ -105,23 +111,30 @@ class Ingest:
         groups: dict[str, list[Arrival]] = {}
         for arrival in arrivals:
             groups.setdefault(_group(arrival.rel), []).append(arrival)
-        gate = asyncio.Semaphore(self.settings.ingest_concurrency)
         tasks = sorted({t for a in arrivals if (t := task_of(a.rel)) is not None})
         try:
             self._links = dict(zip(tasks, await self.records.folders(tasks), strict=True))
         except Exception:
             self.inbox.release(arrivals)  # (Redis down) all of them again at the next poll
             raise
-
-        async def run(items: list[Arrival]) -> None:
-            async with gate:
-                for arrival in sorted(items, key=_order):
-                    await self._ingest_one(arrival)
-
+        queues = [sorted(items, key=_order, reverse=True) for items in groups.values()]
+        size = self.settings.ingest_concurrency
         try:
-            await asyncio.gather(*(run(items) for items in groups.values()))
+            while queues:
+                # A round: the next file of every conversation, in batches of ``size``.
+                heads = [queue.pop() for queue in queues]
+                going: list[list[Arrival]] = []
+                for start in range(0, len(heads), size):
+                    taken = await self._ingest_batch(heads[start:start + size])
+                    for queue, ok in zip(queues[start:start + size], taken, strict=True):
+                        if not ok and queue:  # the rest waits for it (turns stay in order)
+                            self.inbox.release(queue)
+                            queue.clear()
+                        if queue:
+                            going.append(queue)
+                queues = going
         finally:
-            self._links = {}
+            self._links, self._opened = {}, {}
             await self.flush_acks()
 
     def _done(self, arrival: Arrival) -> None:
@@ -142,13 +155,59 @@ class Ingest:
                 self._acks = batch + self._acks
                 raise
 
-    async def _ingest_one(self, arrival: Arrival) -> None:
+    async def _ingest_batch(self, batch: list[Arrival]) -> list[bool]:
+        """Build the envelopes of ``batch`` (files of distinct conversations) and hand
+        them to the gateway in one call; for each file, whether it is taken (committed,
+        or needing nothing) rather than released for the next poll."""
+        need = [t for a in batch if (t := task_of(a.rel)) is not None
+                and self._links.get(t) is None]
+        self._opened = await asyncio.to_thread(_opened_all, self.workspace, need) if need else {}
+        envelopes: list[Envelope | BaseException | None] = list(await asyncio.gather(
+            *(self._envelope(arrival) for arrival in batch), return_exceptions=True))
+        links, self._new_links = self._new_links, []
         try:
-            await self._handle(arrival)
-        except Exception as exc:
-            log.warning("ainet transport %s: %s not ingested yet: %s", self.transport, arrival.rel,
-                        exc, exc_info=not isinstance(exc, OSError))
-            self.inbox.release([arrival])
+            if links:
+                await self.records.link(links)
+        except Exception as exc:  # (Redis down) none of them is handed on
+            envelopes = [exc if isinstance(e, Envelope) else e for e in envelopes]
+        outcome = await self._hand_on([e for e in envelopes if isinstance(e, Envelope)])
+        taken = []
+        for arrival, envelope in zip(batch, envelopes, strict=True):
+            result = outcome[id(envelope)] if isinstance(envelope, Envelope) else envelope
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # (a cancel)
+                log.warning("ainet transport %s: %s not ingested yet: %s", self.transport,
+                            arrival.rel, result, exc_info=not isinstance(result, OSError))
+                ok = False
+            else:
+                ok = result is None or result.committed
+            if not ok:
+                self.inbox.release([arrival])
+            taken.append(ok)
+        return taken
+
+    async def _hand_on(self, envelopes: list[Envelope]
+                       ) -> dict[int, Disposition | BaseException]:
+        """Hand ``envelopes`` to the gateway (keyed by ``id``): the first of each writer's
+        in one call, its second in another, and so on, those calls side by side. The
+        gateway runs one channel's envelopes of a call in order; different conversations
+        of one AINET agent need no order between them (only the turns of one do, and a
+        batch has one of each)."""
+        calls: list[list[Envelope]] = []
+        count: dict[str, int] = {}
+        for envelope in envelopes:
+            nth = count[envelope.channel] = count.get(envelope.channel, -1) + 1
+            if nth == len(calls):
+                calls.append([])
+            calls[nth].append(envelope)
+        results = await asyncio.gather(*(self.sink.on_envelopes(call) for call in calls),
+                                       return_exceptions=True)
+        outcome: dict[int, Disposition | BaseException] = {}
+        for call, result in zip(calls, results, strict=True):
+            for i, envelope in enumerate(call):
+                outcome[id(envelope)] = result if isinstance(result, BaseException) else result[i]
+        return outcome
 
     # -- one file -----------------------------------------------------------------------
 
@@ -156,25 +215,26 @@ class Ingest:
         return msg.to in ("BROADCAST", "TASK") or canonical(msg.to) == canonical(
             self.workspace.agent_id)
 
-    async def _handle(self, arrival: Arrival) -> None:
+    async def _envelope(self, arrival: Arrival) -> Envelope | None:
+        """The envelope ``arrival`` becomes; None when it needs none (done with here)."""
         msg = arrival.message
         if msg is None:
             await self._reply_error(arrival, None, f"it is not an AINET message ({arrival.error})")
             self._done(arrival)
-            return
+            return None
         if not self._for_me(msg):
             self._done(arrival)  # between other agents: not the bridge's business
-            return
+            return None
         sender = self.protocol_name(msg.sender)
         await self.records.note_peers([(sender, msg.sender)])
         if "#" in msg.sender:
             await self._reply_error(arrival, msg, "agent ids containing '#' can't be given an "
                                     "address in the gateway; use another id")
             self._done(arrival)
-            return
+            return None
         if is_join(msg) and task_of(arrival.rel) is None:
             self._done(arrival)  # presence only (docs/ainet.md)
-            return
+            return None
         text = msg.content
         if not parse(text).found_block:
             built = await self._plain(arrival, msg, sender)
@@ -182,7 +242,7 @@ class Ingest:
                 if isinstance(built, Refusal):
                     await self._reply_error(arrival, msg, built.reason)
                 self._done(arrival)
-                return
+                return None
             text = render(built)
         answered = arrival.rel.endswith("_response.txt") and task_of(arrival.rel) is None
 
@@ -192,12 +252,10 @@ class Ingest:
                 # The requester read the reply: session/status.txt DONE -> IDLE.
                 await asyncio.to_thread(self.writer.settle_session, SessionState.IDLE)
 
-        disposition = await self.sink.on_envelope(Envelope(
+        return Envelope(
             transport=self.transport, channel=msg.sender,
             author=Author(msg.sender, sender, is_bot=True), text=text,
-            native_id=native_id(arrival.rel, arrival.record.digest), on_commit=committed))
-        if not disposition.committed:
-            self.inbox.release([arrival])
+            native_id=native_id(arrival.rel, arrival.record.digest), on_commit=committed)
 
     def _fresh_ids(self, arrival: Arrival, sender: str) -> tuple[str, str]:
         """RequestId and TraceId for a conversation a plain file opens: derived from the
@@ -207,14 +265,10 @@ class Ingest:
 
     async def _plain(self, arrival: Arrival, msg: AinetMessage, sender: str
                      ) -> Message | Refusal | Settled:
-        records = self.records
         request_id, trace_id = self._fresh_ids(arrival, sender)
         task = task_of(arrival.rel)
         if task is not None:
-            linked = (self._links[task] if task in self._links
-                      else await records.request_for_folder(task))
-            if linked is None:
-                linked = await asyncio.to_thread(_opened_by_bridge, self.workspace, task)
+            linked = self._links.get(task) or self._opened.get(task)
             conv = None if linked is None else await self._conversation(linked)
         else:
             conv = await self._session_conversation(arrival.rel, msg, sender)
@@ -225,7 +279,7 @@ class Ingest:
                             request_id=request_id, trace_id=trace_id)
         if (not isinstance(built, Refusal | Settled) and task is not None
                 and (conv is None or built.request_id != conv.request_id)):
-            await records.link(task, built.request_id)
+            self._new_links.append((task, built.request_id))  # (stored before it is handed on)
             self._links[task] = built.request_id
         return built
 
@@ -298,6 +352,11 @@ def _opened_by_bridge(workspace: Workspace, task: str) -> str | None:
         found = config.get("request_id")
         return found if isinstance(found, str) else None
     return None
+
+
+def _opened_all(workspace: Workspace, tasks: list[str]) -> dict[str, str | None]:
+    """``_opened_by_bridge`` of each task folder (one worker-thread hop for a batch)."""
+    return {task: _opened_by_bridge(workspace, task) for task in tasks}
 
 
 def _guess_sender(path: Path, limit: int) -> str | None:

@@ -40,17 +40,16 @@ class BridgeRecords:
         # Peers this process has recorded already (most files come from known agents).
         self._noted: set[tuple[str, str]] = set()
 
-    async def request_for_folder(self, task: str) -> str | None:
-        """The RequestId of the conversation living in ``tasks/task-<task>/``, if mapped."""
-        return (await self._folders.get_many([f"F:{task}"]))[0]
-
     async def folders(self, tasks: Sequence[str]) -> list[str | None]:
-        """``request_for_folder`` of several task folders in one call."""
+        """The RequestId of the conversation living in each ``tasks/task-<task>/``, if
+        mapped; one call."""
         return await self._folders.get_many([f"F:{task}" for task in tasks])
 
-    async def link(self, task: str, request_id: str) -> None:
-        """Conversation ``request_id`` lives in ``tasks/task-<task>/``."""
-        await self._folders.put([(f"F:{task}", request_id), (f"R:{request_id}", task)])
+    async def link(self, links: Sequence[tuple[str, str]]) -> None:
+        """For each ``(task, request_id)``: conversation ``request_id`` lives in
+        ``tasks/task-<task>/``."""
+        await self._folders.put([pair for task, rid in links
+                                 for pair in ((f"F:{task}", rid), (f"R:{rid}", task))])
 
     async def placements(self, items: Sequence[tuple[str | None, Sequence[str]]]
                          ) -> list[tuple[str | None, list[str | None]]]:
