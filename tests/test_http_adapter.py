@@ -31,6 +31,7 @@ from adapters.base import (
     create_adapter,
 )
 from adapters.http import HttpAdapter
+from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as
 
 ALICE = "alice-token-123"
 BOB = "bob-token-4567"
@@ -280,6 +281,27 @@ async def test_post_message_token_errors(
     status, body = await api.post("/v1/messages", json={"text": "x"}, headers=headers)
     assert_error(status, body, expected, code)
     assert sink.envelopes == []
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"text": "hi"}, {"text": "hi", "thread": "t1"}, {"text": "hi", "thread": None},
+        {"text": ""}, {"text": "hi", "thread": ""}, {"text": 5}, {"text": None}, {},
+        {"thread": "t1"}, {"text": "hi", "extra": 1}, {"text": "hi", "thread": 7},
+        {"text": ["hi"]}, ["text"], "text", None, {"text": "hi", "thread": "t", "x": None},
+    ],
+)
+def test_message_fields_agree_with_the_model(data: Any) -> None:
+    """The hand-checked usual body and MessageBody accept, and refuse, the same bodies."""
+    try:
+        body = parse_as(MessageBody, data)
+    except ApiError as refused:
+        with pytest.raises(ApiError) as caught:
+            message_fields(data)
+        assert (caught.value.status, caught.value.message) == (400, refused.message)
+    else:
+        assert message_fields(data) == (body.text, body.thread)
 
 
 @pytest.mark.parametrize(

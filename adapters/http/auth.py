@@ -14,6 +14,7 @@ import hmac
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from adapters.base import Author
 from protocol.names import name_key
@@ -26,7 +27,7 @@ class Caller:
     name: str
     is_operator: bool
 
-    @property
+    @cached_property
     def author(self) -> Author:
         """The ``Author`` the gateway sees for this caller."""
         return Author(id=self.name, display_name=self.name, is_bot=not self.is_operator)

@@ -47,8 +47,8 @@ from adapters.http.wire import (
     AckBody,
     ApiError,
     CommandBody,
-    MessageBody,
     json_errors,
+    message_fields,
     parse_as,
     query_number,
     query_text,
@@ -421,14 +421,17 @@ class HttpAdapter(Adapter):
         caller = self._caller(request)
         if caller.is_operator:
             raise ApiError(403, "operator tokens send commands (POST /v1/commands), not messages")
-        body = await self._body(request, MessageBody)
+        s = self.settings
+        text, thread = message_fields(
+            await read_body(request, s.max_body_bytes, s.body_timeout_seconds)
+        )
         native_id = new_native_id()
         envelope = Envelope(
             transport=self.name,
             channel=caller.name,
             author=caller.author,
-            text=body.text,
-            thread=body.thread,
+            text=text,
+            thread=thread,
             native_id=native_id,
         )
         disposition = await self.sink.on_envelope(envelope)

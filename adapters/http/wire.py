@@ -171,6 +171,26 @@ def parse_as(model: type[ModelT], data: Any) -> ModelT:
         raise ApiError(400, describe_validation_error(exc, "body", model)) from None
 
 
+def message_fields(data: Any) -> tuple[str, str | None]:
+    """``(text, thread)`` of a decoded ``POST /v1/messages`` body (``MessageBody``).
+
+    The usual body, ``{"text": "..."}`` with perhaps a ``thread``, is checked here by
+    hand, as the model would; any other goes through the model (its checks, its 400).
+    """
+    if type(data) is dict:
+        text = data.get("text")
+        thread = data.get("thread")
+        if (
+            type(text) is str
+            and text
+            and (thread is None or (type(thread) is str and thread))
+            and len(data) == (2 if "thread" in data else 1)
+        ):
+            return text, thread
+    body = parse_as(MessageBody, data)
+    return body.text, body.thread
+
+
 def query_number(
     request: web.Request,
     name: str,
