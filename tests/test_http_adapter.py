@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,6 +32,7 @@ from adapters.base import (
     create_adapter,
 )
 from adapters.http import HttpAdapter
+from adapters.http.server import answer_json
 from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as
 
 ALICE = "alice-token-123"
@@ -281,6 +283,22 @@ async def test_post_message_token_errors(
     status, body = await api.post("/v1/messages", json={"text": "x"}, headers=headers)
     assert_error(status, body, expected, code)
     assert sink.envelopes == []
+
+
+@pytest.mark.parametrize(
+    "disposition",
+    [
+        Disposition("accepted", "applied; queued", ("req-1",)),
+        Disposition("ignored", 'no "block" \\ \u2028 \U0001f600'),
+        Disposition("duplicate", "", ("a", "b\n")),
+        Disposition("malformed", "bad", errors=({"code": "bad_header", "line": 1},)),
+        Disposition("accepted", "x", ("r",), warnings=({"code": "no_address"},)),
+    ],
+)
+def test_the_answer_to_a_post_is_the_json_of_the_disposition(disposition: Disposition) -> None:
+    assert json.loads(answer_json("n-1", disposition)) == {
+        "native_id": "n-1", **disposition.to_dict()
+    }
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import json
 import logging
 import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from json.encoder import encode_basestring as _json_str
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -27,6 +29,7 @@ from adapters.base import (
     CommandRequest,
     ConfigError,
     DeliveryError,
+    Disposition,
     Envelope,
     GatewaySink,
     HealthState,
@@ -123,6 +126,22 @@ async def _bind_problem(host: str, port: int, table: str) -> tuple[str, str] | N
                         f"set [{table}] host to an address of this machine (127.0.0.1 for "
                         "local agents)")
     return None
+
+
+def answer_json(native_id: str, disposition: Disposition) -> str:
+    """The answer to ``POST /v1/messages``: the native id and the disposition, as JSON.
+
+    The usual disposition (no errors, no warnings) is written out by hand, each string
+    through the json module's own encoder: every post gets one.
+    """
+    d = disposition
+    if d.errors or d.warnings:
+        return json.dumps({"native_id": native_id, **d.to_dict()})
+    ids = ",".join([_json_str(r) for r in d.request_ids])
+    return (
+        f'{{"native_id":{_json_str(native_id)},"outcome":{_json_str(d.outcome)},'
+        f'"detail":{_json_str(d.detail)},"request_ids":[{ids}],"errors":[],"warnings":[]}}'
+    )
 
 
 def _ids(message: Outbound) -> dict[str, str | None]:
@@ -451,8 +470,9 @@ class HttpAdapter(Adapter):
             status = 422
         else:
             status = 200
-        return web.json_response(
-            {"native_id": native_id, **disposition.to_dict()}, status=status, headers=headers
+        return web.Response(
+            text=answer_json(native_id, disposition), status=status, headers=headers,
+            content_type=JSON_TYPE,
         )
 
     async def _inbox_owner(self, request: web.Request) -> str:
