@@ -183,6 +183,11 @@ class SenderCheck:
         return self.verdict is IdentityVerdict.OK
 
 
+# The usual verdicts, made once (immutable; every message's sender gets one).
+_OK = SenderCheck(IdentityVerdict.OK)
+_IMPERSONATION = SenderCheck(IdentityVerdict.IMPERSONATION)
+
+
 @dataclass(frozen=True)
 class Agent:
     """One declared agent, or one a transport credential names."""
@@ -361,7 +366,7 @@ class AgentDirectory:
         agent = self._declared.get(key)
         if agent is not None and agent.identities:
             ok = identity in agent.identities
-            return SenderCheck(IdentityVerdict.OK if ok else IdentityVerdict.IMPERSONATION)
+            return _OK if ok else _IMPERSONATION
         if agent is None:
             lookalike = self._by_skeleton.get(shape)
             if lookalike is not None:
@@ -369,7 +374,7 @@ class AgentDirectory:
             if self._policy is IdentityPolicy.PIN:
                 return SenderCheck(IdentityVerdict.UNDECLARED)
         if agent is None and self._policy is IdentityPolicy.OPEN:
-            check = SenderCheck(IdentityVerdict.OK)
+            check = _OK
         else:
             check = await self._bind(key, name, shape, identity)
         if agent is None and check.ok:
@@ -382,7 +387,7 @@ class AgentDirectory:
         hit, cached = self._bound.get(key)
         if hit and cached is not None:
             ok = cached == identity
-            return SenderCheck(IdentityVerdict.OK if ok else IdentityVerdict.IMPERSONATION)
+            return _OK if ok else _IMPERSONATION
         now = time.time()
         raw = await self._bind_script(
             args=[
@@ -398,10 +403,10 @@ class AgentDirectory:
         self._bound.put(key, detail)
         self._nobody.drop(key)
         if detail != identity:
-            return SenderCheck(IdentityVerdict.IMPERSONATION)
+            return _IMPERSONATION
         if not hit:
             log.info("agent bound to identity", extra={"sender": name, "identity": identity})
-        return SenderCheck(IdentityVerdict.OK)
+        return _OK
 
     async def _learn_address(self, key: str, name: str, address: Address) -> None:
         hit, known = self._learned.get(key)

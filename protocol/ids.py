@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import secrets
+from functools import lru_cache
 
 SLUG_MAX_LEN = 32
 _FALLBACK_SLUG = "agent"
 
 
+# The gateway asks for the slug of every message's sender (RequestId ownership): cached,
+# as names repeat, and bounded, as they come from outside.
+@lru_cache(maxsize=4096)
 def slug(name: str) -> str:
     """``name`` as lower-case ASCII letters, digits and ``-`` (``agent`` when none are left)."""
     chars = [c if c.isascii() and c.isalnum() else "-" for c in name.lower()]
