@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import time
 from collections.abc import AsyncIterator
@@ -356,6 +357,25 @@ async def test_post_message_bad_input(
     assert sink.envelopes == []
 
 
+async def test_chunked_and_compressed_bodies_are_read_whole(
+    adapter: HttpAdapter, sink: RecordingSink, api: Api
+) -> None:
+    """A body without Content-Length, and a gzip-compressed one, read as they were sent."""
+    async def chunks() -> AsyncIterator[bytes]:
+        for part in (b'{"text": "chun', b'ked"}'):
+            yield part
+
+    headers = {"Content-Type": "application/json"}
+    status, _ = await api.post("/v1/messages", ALICE, data=chunks(), headers=headers)
+    assert status == 200
+    packed = gzip.compress(json.dumps({"text": "packed " * 50}).encode())
+    status, _ = await api.post(
+        "/v1/messages", ALICE, data=packed, headers={**headers, "Content-Encoding": "gzip"}
+    )
+    assert status == 200
+    assert [e.text for e in sink.envelopes] == ["chunked", "packed " * 50]
+
+
 async def test_chunked_oversize_body_is_413(adapter: HttpAdapter, api: Api) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(4):
@@ -365,6 +385,19 @@ async def test_chunked_oversize_body_is_413(adapter: HttpAdapter, api: Api) -> N
         "/v1/messages", ALICE, data=chunks(), headers={"Content-Type": "text/plain"}
     )
     assert_error(status, body, 413, "payload_too_large")
+    # The same body arriving whole with the head (one write) is refused as well.
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body_bytes = b"y" * 2048
+    writer.write(
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+        + f"Authorization: Bearer {ALICE}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        + f"{len(body_bytes):x}\r\n".encode() + body_bytes + b"\r\n0\r\n\r\n"
+    )
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readline(), 10)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413")
 
 
 async def test_unknown_route_and_method(adapter: HttpAdapter, api: Api) -> None:

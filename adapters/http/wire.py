@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from redis.exceptions import RedisError
@@ -125,10 +125,17 @@ async def read_bytes(request: web.Request, max_bytes: int, within: float) -> byt
         raise ApiError(
             413, f"body of {request.content_length} bytes exceeds the limit of {max_bytes}"
         )
-    if request.content.is_eof():
+    content = request.content
+    if content.is_eof():
         # The whole body arrived with the head (the usual small POST): reading it cannot
-        # wait, so the timeout's timer handle is not worth its cost on the hot path.
-        return await request.read()
+        # wait, so the timeout's timer handle is not worth its cost on the hot path, nor
+        # (unless aiohttp has to decompress it) the read loop: it is taken as buffered.
+        if hdrs.CONTENT_ENCODING in request.headers:
+            return await request.read()
+        raw = content.read_nowait()
+        if len(raw) > max_bytes:  # (chunked: no Content-Length said so beforehand)
+            raise ApiError(413, f"body of {len(raw)} bytes exceeds the limit of {max_bytes}")
+        return raw
     try:
         async with asyncio.timeout(within):
             return await request.read()
