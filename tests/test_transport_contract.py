@@ -47,14 +47,26 @@ class RecordingGateway(Gateway):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.handled: list[tuple[Envelope, Disposition]] = []
+        self._recorded: set[int] = set()  # ids of the envelopes in handled (kept alive there)
         self._changed = asyncio.Condition()
+
+    async def on_envelope(self, envelope: Envelope) -> Disposition:
+        disposition = await super().on_envelope(envelope)
+        if id(envelope) not in self._recorded:  # else it went through on_envelopes
+            await self._record([envelope], [disposition])
+        return disposition
 
     async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
         dispositions = await super().on_envelopes(envelopes)
+        await self._record(envelopes, dispositions)
+        return dispositions
+
+    async def _record(self, envelopes: Sequence[Envelope], dispositions: list[Disposition]
+                      ) -> None:
         async with self._changed:
             self.handled.extend(zip(envelopes, dispositions, strict=True))
+            self._recorded.update(id(e) for e in envelopes)
             self._changed.notify_all()
-        return dispositions
 
     async def wait_handled(
         self, count: int, where: Callable[[Envelope], bool] = lambda e: True
