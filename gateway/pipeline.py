@@ -275,7 +275,8 @@ class Pipeline:
             return await self._reject(env, msg, rejection)
         fp, rendered = fingerprint_and_render(msg)
         origin = Origin(env.transport, env.channel, env.thread, env.native_id)
-        targets = await self._targets(msg, env.address, None)
+        address = env.address  # (a new Address on every access)
+        targets = await self._targets(msg, address, None)
         if not msg.is_broadcast and not any(r for _, r in targets):
             refused = await self._unholdable_recipient(msg)
             if refused is not None:
@@ -283,7 +284,7 @@ class Pipeline:
         # The relays are journaled in the same atomic step as the state change, and the
         # loop guard is checked and charged in it too (shared by every replica).
         entry = (
-            self._entry(msg, targets, sender_at=env.address, text=rendered) if targets else ""
+            self._entry(msg, targets, sender_at=address, text=rendered) if targets else ""
         )
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
         budget = self._budget.budget(msg.sender, msg.to, env.identity)

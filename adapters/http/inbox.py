@@ -348,6 +348,8 @@ def _current_cancelled() -> bool:
 
 
 def _body(fields: Any) -> str:
+    if type(fields) is list and len(fields) == 4 and fields[2] == "b":
+        return _text(fields[3])  # as _DELIVER writes an entry: o, offset, b, body
     flat = list(fields) if not isinstance(fields, dict) else [
         x for kv in fields.items() for x in kv]
     for i in range(0, len(flat), 2):
