@@ -122,9 +122,12 @@ def test_every_create_method_never_overwrites(tmp_path: Path, method: str,
             raise OSError(errno.EPERM, "hard links are not supported here")
         monkeypatch.setattr(os, "link", no_links)
     names = ["001-a.txt", "002-a.txt", "003-a.txt"]
-    assert fsio.create_first_free(tmp_path, b"one", names) == "001-a.txt"
-    assert fsio.create_first_free(tmp_path, b"two", names) == "002-a.txt"
-    assert fsio.create_first_free(tmp_path, b"three", names) == "003-a.txt"
+    for name, data in zip(names, (b"one", b"two", b"three"), strict=True):
+        created = fsio.create_first_free(tmp_path, data, names)
+        assert created is not None and created[0] == name
+        # The stat it gives (taken before the rename or link) is the file's.
+        found = (tmp_path / name).stat()
+        assert (created[1].st_size, created[1].st_mtime_ns) == (found.st_size, found.st_mtime_ns)
     assert fsio.create_first_free(tmp_path, b"four", names) is None
     assert [(tmp_path / n).read_bytes() for n in names] == [b"one", b"two", b"three"]
     assert sorted(os.listdir(tmp_path)) == names  # no temporary file left behind

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import os
 import secrets
 import stat
@@ -48,18 +49,26 @@ def inside(root: Path, *parts: str) -> Path:
     return path
 
 
+# Temporary names: random once per process, then counted (no random bytes per file);
+# the pid keeps a forked child's names apart from its parent's.
+_TEMP_RUN = secrets.token_hex(4)
+_TEMP_COUNT = itertools.count()
+
+
 def _temp_name() -> str:
-    return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}{TEMP_SUFFIX}"
+    return f"{TEMP_PREFIX}{os.getpid()}-{_TEMP_RUN}{next(_TEMP_COUNT):x}{TEMP_SUFFIX}"
 
 
-def _write_temp(folder: Path, data: bytes) -> Path:
+def _write_temp(folder: Path, data: bytes) -> tuple[Path, os.stat_result]:
+    """A new temporary file in ``folder`` holding ``data``, and its stat (a rename or a
+    link keeps its size and mtime: no second stat by name is needed)."""
     temp = folder / _temp_name()
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
     try:
         _write_all(fd, data)
+        return temp, os.fstat(fd)
     finally:
         os.close(fd)
-    return temp
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -68,19 +77,23 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (replaces)."""
-    temp = _write_temp(path.parent, data)
+def write_atomic(path: Path, data: bytes) -> os.stat_result:
+    """Write ``data`` to ``path`` through a temporary file and a rename (replaces); the
+    file's stat."""
+    temp, st = _write_temp(path.parent, data)
     try:
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+    return st
 
 
-def create_exclusive(path: Path, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` unless the name exists; False when it does."""
-    return create_first_free(path.parent, data, (path.name,)) is not None
+def create_exclusive(path: Path, data: bytes) -> os.stat_result | None:
+    """Create ``path`` holding ``data`` unless the name exists: its stat; None when the
+    name exists."""
+    created = create_first_free(path.parent, data, (path.name,))
+    return None if created is None else created[1]
 
 
 def _load_renameat2() -> Callable[..., int] | None:
@@ -115,14 +128,16 @@ def _rename_noreplace(src: Path, dst: Path) -> bool:
     raise OSError(code, os.strerror(code), str(dst))
 
 
-def create_first_free(folder: Path, data: bytes, names: Iterable[str]) -> str | None:
-    """Create the first of ``names`` that is free in ``folder``; None when none was.
+def create_first_free(folder: Path, data: bytes, names: Iterable[str]
+                      ) -> tuple[str, os.stat_result] | None:
+    """Create the first of ``names`` that is free in ``folder``: the name taken and the
+    file's stat; None when none was.
 
     The content is written once to a temporary file, then moved under each candidate in
     turn with a rename that refuses to replace (``renameat2``), or hard-linked where that
     is missing, so racing writers each get a distinct name and nothing is overwritten.
     """
-    temp = _write_temp(folder, data)
+    temp, st = _write_temp(folder, data)
     method = "rename" if _RENAMEAT2 is not None else "link"
     try:
         for name in names:
@@ -130,7 +145,7 @@ def create_first_free(folder: Path, data: bytes, names: Iterable[str]) -> str | 
                 try:
                     if _rename_noreplace(temp, folder / name):
                         method = "moved"
-                        return name
+                        return name, st
                     continue
                 except OSError as exc:
                     if exc.errno not in _NO_RENAME:
@@ -139,31 +154,31 @@ def create_first_free(folder: Path, data: bytes, names: Iterable[str]) -> str | 
             if method == "link":
                 try:
                     os.link(temp, folder / name, follow_symlinks=False)
-                    return name
+                    return name, st
                 except FileExistsError:
                     continue
                 except OSError as exc:
                     if exc.errno not in _NO_LINKS:
                         raise
                     method = "in place"
-            if _create_in_place(folder / name, data):
-                return name
+            if (placed := _create_in_place(folder / name, data)) is not None:
+                return name, placed
         return None
     finally:
         if method != "moved":
             temp.unlink(missing_ok=True)
 
 
-def _create_in_place(path: Path, data: bytes) -> bool:
+def _create_in_place(path: Path, data: bytes) -> os.stat_result | None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
     except FileExistsError:
-        return False
+        return None
     try:
         _write_all(fd, data)
+        return os.fstat(fd)
     finally:
         os.close(fd)
-    return True
 
 
 def read_bounded(path: Path, limit: int) -> bytes | None:

@@ -16,6 +16,7 @@ import re
 import secrets
 import socket
 import unicodedata
+from functools import lru_cache
 
 from protocol.names import NAME_MAX_LEN, invalid_name_reason, name_key
 
@@ -26,6 +27,9 @@ COMPONENT_MAX_BYTES = 200
 _FORBIDDEN = frozenset('<>:"/\\|?*')
 _SUFFIX_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 HOST_MAX_LEN = 24
+# Names checked recently (the same few agent ids and RequestIds come up for every file);
+# a refusal is never cached (it raises).
+_CHECKED_MAX = 4096
 
 
 class UnsafeNameError(ValueError):
@@ -58,6 +62,11 @@ def check_component(text: str, what: str = "a name", max_bytes: int = COMPONENT_
     """
     if not isinstance(text, str) or not text:
         raise UnsafeNameError(f"{what} is empty")
+    return _checked_component(text, what, max_bytes)
+
+
+@lru_cache(maxsize=_CHECKED_MAX)
+def _checked_component(text: str, what: str, max_bytes: int) -> str:
     if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
         raise UnsafeNameError(f"{what} is longer than {max_bytes} bytes")
     if text in (".", "..") or text.startswith(".") or text.endswith("."):
@@ -74,6 +83,11 @@ def check_agent_id(agent_id: str) -> str:
     """Validate an AINET agent id ``<device>/<name>``; return it NFC-normalised."""
     if not isinstance(agent_id, str):
         raise UnsafeNameError("an agent id must be text")
+    return _checked_agent_id(agent_id)
+
+
+@lru_cache(maxsize=_CHECKED_MAX)
+def _checked_agent_id(agent_id: str) -> str:
     value = unicodedata.normalize("NFC", agent_id.strip())
     if len(value.encode("utf-8", "surrogatepass")) > AGENT_ID_MAX_BYTES:
         raise UnsafeNameError(f"agent id is longer than {AGENT_ID_MAX_BYTES} bytes")

@@ -177,8 +177,7 @@ class Workspace:
             ensure_folder(folder)
         create_exclusive(self.session / STATUS_FILE, SessionState.IDLE.value.encode())
 
-    def _written(self, path: Path, data: bytes) -> Written:
-        stat = path.stat(follow_symlinks=False)
+    def _written(self, path: Path, data: bytes, stat: os.stat_result) -> Written:
         return Written(path.relative_to(self.root).as_posix(), digest_of(data),
                        stat.st_size, stat.st_mtime_ns)
 
@@ -287,23 +286,22 @@ class Workspace:
     def _place(self, name: str, data: bytes, task: str | None) -> Written | None:
         """Put ``data`` in slot ``name`` if it is free or holds our own answered file."""
         path = inside(self.session, name)
-        if create_exclusive(path, data):
+        if (created := create_exclusive(path, data)) is not None:
             self._note_slot_task(name, task)
-            return self._written(path, data)
+            return self._written(path, data, created)
         if not self._slot_consumed(path):
             return None
         self._note_slot_task(name, task)
-        write_atomic(path, data)
-        return self._written(path, data)
+        return self._written(path, data, write_atomic(path, data))
 
     def _note_slot_task(self, name: str, task: str | None) -> None:
         """Remember (locally) which conversation folder the slot's message is also in,
         when ``task_hint`` can't tell it from the message itself."""
-        marker = inside(self.slot_dir, name)
         if task is None:
             if self._slot_markers:
-                marker.unlink(missing_ok=True)
+                inside(self.slot_dir, name).unlink(missing_ok=True)
             return
+        marker = inside(self.slot_dir, name)
         if not self._slot_markers:
             ensure_folder(self.slot_dir)
             self._slot_markers = True
@@ -394,12 +392,12 @@ class Workspace:
                 self._verified.clear()
             self._verified.add(folder)
         with self._turn_lock(folder):
-            name = create_first_free(folder, data, _turn_names(folder, f"{self.me}.txt",
-                                                               self.max_turns))
-        if name is None:
+            created = create_first_free(folder, data, _turn_names(folder, f"{self.me}.txt",
+                                                                  self.max_turns))
+        if created is None:
             raise LayoutError(f"conversation {request_id} has no free number up to "
                               f"{self.max_turns}")
-        return self._written(folder / name, data)
+        return self._written(folder / created[0], data, created[1])
 
     @contextmanager
     def _turn_lock(self, folder: Path) -> Iterator[None]:
