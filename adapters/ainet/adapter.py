@@ -97,7 +97,10 @@ class AinetAdapter(Adapter):
         super().__init__(name)
         self.settings = s = load_options(AinetSettings, name, options)
         self.capabilities = Capabilities(
-            max_message_length=max(1024, s.max_message_bytes // 4 - _HEADER_ROOM)
+            max_message_length=max(1024, s.max_message_bytes // 4 - _HEADER_ROOM),
+            # The inbox never hands out a file the bridge wrote (FROM is its id, or the
+            # content hash is the one it recorded): no echo markers, no echo look-ups.
+            echoes_own_posts=False,
         )
         self._names: dict[str, str] = {canonical(i): n for i, n in s.agents.items()}
         self._redis: Any = None
