@@ -501,20 +501,25 @@ class AgentDirectory:
         agent (declared, credential-owned or bound, compared canonically, or the RequestId
         slug of a declared agent) or the sender itself.
         """
-        cuts = [i for i, c in enumerate(request_id) if c == "-" and i > 0]
-        prefixes = [request_id[:i] for i in reversed(cuts[:REQUEST_ID_PREFIXES])]
+        cuts: list[int] = []  # the first REQUEST_ID_PREFIXES "-" after the first character
+        cut = request_id.find("-", 1)
+        while cut > 0 and len(cuts) < REQUEST_ID_PREFIXES:
+            cuts.append(cut)
+            cut = request_id.find("-", cut + 1)
         mine = {name_key(sender), slug(sender)}
         unknown: list[str] = []  # longer than the first prefix known here: ask Redis
         local: str | None = None
-        for prefix in prefixes:
-            if name_key(prefix) in mine or prefix in mine:
+        for cut in reversed(cuts):
+            prefix = request_id[:cut]
+            key = name_key(prefix)
+            if key in mine or prefix in mine:
                 local = sender
                 break
-            agent = self._declared.get(name_key(prefix)) or self._by_slug.get(prefix)
+            agent = self._declared.get(key) or self._by_slug.get(prefix)
             if agent is not None:
                 local = agent.name
                 break
-            unknown.append(name_key(prefix))
+            unknown.append(key)
         # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
         # name bound on another replica owns its ids here within CACHE_SECONDS).
         unknown = [k for k in unknown if not self._nobody.get(k)[0]]
