@@ -397,8 +397,10 @@ class GatewaySink(Protocol):
     async def on_envelope(self, envelope: Envelope) -> Disposition:
         """Hand one inbound native message to the gateway pipeline."""
 
-    async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
-        """Hand a batch (one channel's envelopes in order), cheaper than one by one."""
+    async def on_envelopes(self, envelopes: Sequence[Envelope], *, ordered: bool = True
+                           ) -> list[Disposition]:
+        """Hand a batch (one channel's envelopes in order; ``ordered=False``: no order
+        needed between any of them), cheaper than one by one."""
 
     async def on_command(self, command: CommandRequest) -> CommandResult:
         """Run an operator command and return its platform-neutral result."""

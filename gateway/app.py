@@ -286,12 +286,15 @@ class Gateway:
         await self._committed(envelope, disposition)
         return disposition
 
-    async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
+    async def on_envelopes(self, envelopes: Sequence[Envelope], *, ordered: bool = True
+                           ) -> list[Disposition]:
         """``on_envelope`` for a batch (a FETCH): their dispositions, in order.
 
         The inbound claims of the whole batch are taken, and settled, in one round trip
         each; one channel's envelopes run in order (an answer after its question), the
-        channels side by side, so the state store batches their applies.
+        channels side by side, so the state store batches their applies. ``ordered=False``:
+        the envelopes need no order between them (an AINET round holds one file of each
+        conversation, several from one agent), so all of them run side by side.
         """
         await self._started.wait()
         if not envelopes:
@@ -305,7 +308,7 @@ class Gateway:
             log.exception("inbound claims failed", extra={"transport": envelopes[0].transport})
             failed = Disposition("error", f"the gateway could not process this message: {exc}")
             return [failed] * len(envelopes)
-        channels: dict[tuple[str, str], list[int]] = {}
+        channels: dict[tuple[str, str] | int, list[int]] = {}
         for i, (envelope, key) in enumerate(zip(envelopes, keys, strict=True)):
             claim = next(found) if key is not None else Claim.NEW
             if claim is Claim.DONE:
@@ -314,7 +317,8 @@ class Gateway:
                 keys[i] = None  # its holder settles it
                 out[i] = Disposition("busy", "another replica is processing this message")
             else:
-                channels.setdefault((envelope.transport, envelope.channel), []).append(i)
+                group = (envelope.transport, envelope.channel) if ordered else i
+                channels.setdefault(group, []).append(i)
 
         async def in_order(indexes: list[int]) -> None:
             for i in indexes:

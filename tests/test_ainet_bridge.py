@@ -498,16 +498,17 @@ async def test_a_turn_not_taken_holds_back_the_later_turns(
     async with chat_and_bridge(bridge_config(redis_url, namespace, tmp_path)) as (gw, chat):
         real, handed = gw.on_envelopes, []
 
-        async def busy_once(envelopes: Any) -> list[Disposition]:
+        async def busy_once(envelopes: Any, *, ordered: bool = True) -> list[Disposition]:
             rels = [(e.native_id or "").partition("@")[0] for e in envelopes]
             handed.extend(rels)
             first = f"tasks/task-hold-1/conversation/001-{conv(PEER)}.txt"
             if handed.count(first) == 1 and first in rels:
                 at = rels.index(first)
-                rest = await real([e for i, e in enumerate(envelopes) if i != at])
+                rest = await real([e for i, e in enumerate(envelopes) if i != at],
+                                  ordered=ordered)
                 rest.insert(at, Disposition("busy", "another replica has it"))
                 return rest
-            return await real(envelopes)
+            return await real(envelopes, ordered=ordered)
 
         monkeypatch.setattr(gw, "on_envelopes", busy_once)
         assert (await chat.one()).task == "another question"  # (not held back)

@@ -56,8 +56,9 @@ class RecordingGateway(Gateway):
             await self._record([envelope], [disposition])
         return disposition
 
-    async def on_envelopes(self, envelopes: Sequence[Envelope]) -> list[Disposition]:
-        dispositions = await super().on_envelopes(envelopes)
+    async def on_envelopes(self, envelopes: Sequence[Envelope], *, ordered: bool = True
+                           ) -> list[Disposition]:
+        dispositions = await super().on_envelopes(envelopes, ordered=ordered)
         await self._record(envelopes, dispositions)
         return dispositions
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from adapters.ainet.fsio import read_bounded
@@ -165,15 +165,18 @@ class Ingest:
         envelopes: list[Envelope | BaseException | None] = list(await asyncio.gather(
             *(self._envelope(arrival) for arrival in batch), return_exceptions=True))
         links, self._new_links = self._new_links, []
+        handing = [e for e in envelopes if isinstance(e, Envelope)]
+        found: Iterator[Disposition] = iter([])
         try:
             if links:
                 await self.records.link(links)
-        except Exception as exc:  # (Redis down) none of them is handed on
+            if handing:  # files of different conversations (some of one agent): no order
+                found = iter(await self.sink.on_envelopes(handing, ordered=False))
+        except Exception as exc:  # (Redis down) none of them is taken
             envelopes = [exc if isinstance(e, Envelope) else e for e in envelopes]
-        outcome = await self._hand_on([e for e in envelopes if isinstance(e, Envelope)])
         taken = []
         for arrival, envelope in zip(batch, envelopes, strict=True):
-            result = outcome[id(envelope)] if isinstance(envelope, Envelope) else envelope
+            result = next(found) if isinstance(envelope, Envelope) else envelope
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result  # (a cancel)
@@ -186,28 +189,6 @@ class Ingest:
                 self.inbox.release([arrival])
             taken.append(ok)
         return taken
-
-    async def _hand_on(self, envelopes: list[Envelope]
-                       ) -> dict[int, Disposition | BaseException]:
-        """Hand ``envelopes`` to the gateway (keyed by ``id``): the first of each writer's
-        in one call, its second in another, and so on, those calls side by side. The
-        gateway runs one channel's envelopes of a call in order; different conversations
-        of one AINET agent need no order between them (only the turns of one do, and a
-        batch has one of each)."""
-        calls: list[list[Envelope]] = []
-        count: dict[str, int] = {}
-        for envelope in envelopes:
-            nth = count[envelope.channel] = count.get(envelope.channel, -1) + 1
-            if nth == len(calls):
-                calls.append([])
-            calls[nth].append(envelope)
-        results = await asyncio.gather(*(self.sink.on_envelopes(call) for call in calls),
-                                       return_exceptions=True)
-        outcome: dict[int, Disposition | BaseException] = {}
-        for call, result in zip(calls, results, strict=True):
-            for i, envelope in enumerate(call):
-                outcome[id(envelope)] = result if isinstance(result, BaseException) else result[i]
-        return outcome
 
     # -- one file -----------------------------------------------------------------------
 
