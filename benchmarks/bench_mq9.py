@@ -119,6 +119,18 @@ fetch_batch = {fetch_batch}
             valkey.stop()
 
 
+def valkey_pid() -> int:
+    """The pid of this process's child Valkey (the gateway's private one), -1 if none."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, rest = stat.read_text().split(") ", 1)
+        except OSError:
+            continue
+        if "valkey" in comm and int(rest.split()[1]) == os.getpid():
+            return int(stat.parent.name)
+    return -1
+
+
 def agent_box(name: str) -> str:
     """The mailbox of bench agent ``name``."""
     return f"bench.{name.lower()}"
@@ -262,7 +274,8 @@ async def run(args: argparse.Namespace) -> None:
                                json.dumps({"name": agent_box(name), "ttl": 0}).encode())
                 with gateway(folder, url, senders, sinks, args.batch) as proc:
                     await gateway_ready(nc, proc)
-                    watched = {"gateway": proc.pid, "nats_server": pids[0], "service": pids[1]}
+                    watched = {"gateway": proc.pid, "nats_server": pids[0], "service": pids[1],
+                               "valkey": valkey_pid(), "load_generator": os.getpid()}
                     before = {k: cpu_seconds(pid) for k, pid in watched.items()}
                     relayed = await bench_relay(nc, senders, sinks, args.relay_messages,
                                                 args.concurrency, args.batch)
