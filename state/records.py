@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -161,17 +162,27 @@ class ApplyResult:
 
     ``reason`` is a sentence a person can act on ("" when applied);
     ``conversation`` is the record after the step (before it when refused, None
-    when there is none); ``previous_status`` is the status before the step. An outcome
-    ``loop`` says in ``retry_after`` how many seconds until the budget lets messages pass,
-    and ``tripped`` is True only for the message that started the cooldown.
+    when there is none), decoded when first read (most callers never read it);
+    ``previous_status`` is the status before the step. An outcome ``loop`` says in
+    ``retry_after`` how many seconds until the budget lets messages pass, and ``tripped``
+    is True only for the message that started the cooldown.
     """
 
     outcome: Outcome
     reason: str
-    conversation: Conversation | None
+    # The record, or a function decoding it (see ``conversation``).
+    source: Conversation | Callable[[], Conversation] | None
     previous_status: ConvStatus | None = None
     retry_after: float = 0.0
     tripped: bool = False
+
+    @property
+    def conversation(self) -> Conversation | None:
+        """The conversation (decoded once, on first use)."""
+        if callable(self.source):
+            object.__setattr__(self, "source", self.source())
+        assert not callable(self.source)
+        return self.source
 
     @property
     def applied(self) -> bool:

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -332,7 +333,8 @@ class ConversationStore:
     def _result(self, request_id: str, trace_id: str | None, typ: str, raw: Any
                 ) -> ApplyResult:
         outcome = _OUTCOMES[raw[0]]
-        conv = decode_conversation(request_id, raw[3]) if raw[3] else None
+        blob = raw[3]
+        conv = partial(decode_conversation, request_id, blob) if blob else None
         previous = _STATUSES[raw[2]] if raw[2] else None
         if outcome is Outcome.LOOP:
             result = ApplyResult(outcome, "", None, None, retry_after=int(raw[5]) / 1000,
