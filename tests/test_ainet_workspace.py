@@ -143,6 +143,23 @@ def test_hostile_request_ids_never_touch_the_disk(tmp_path: Path, request_id: st
     assert sorted(p.as_posix() for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("planted", ["task-t1", "task-t1/conversation", "task-t1/output"])
+def test_a_link_planted_in_a_task_folder_is_never_followed(tmp_path: Path,
+                                                           planted: str) -> None:
+    """A symbolic link where the task folder or one of its sub-folders goes (pointing
+    outside the workspace) makes the bridge refuse to open the task, creating nothing
+    through it."""
+    ws = workspace(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = ws.tasks / planted
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafeNameError, match="symbolic link"):
+        ws.open_task("t1", {"request_id": "t1"})  # (the writer opens a task before a turn)
+    assert os.listdir(outside) == []
+
+
 def test_the_bridge_writes_only_as_itself(tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     with pytest.raises(LayoutError, match="writes only as"):

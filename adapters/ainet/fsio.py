@@ -221,3 +221,27 @@ def ensure_folder(path: Path) -> None:
         os.makedirs(path, exist_ok=True)
     if os.path.realpath(path) != str(path):
         raise UnsafeNameError(f"{path} is reached through a symbolic link")
+
+
+def ensure_subfolders(parent: Path, names: Iterable[str]) -> None:
+    """Create the sub-folders ``names`` of ``parent`` (a folder ``ensure_folder`` just
+    checked) unless they exist; refuse a symbolic link in their place.
+
+    A real folder (``lstat``, which never follows the last component) inside a folder
+    whose real path is known has a known real path too: no second resolution of the
+    whole path per sub-folder.
+    """
+    for name in names:
+        path = inside(parent, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            try:
+                os.mkdir(path)  # (never follows a link: it fails when the name exists)
+                continue
+            except FileExistsError:
+                mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise UnsafeNameError(f"{path} is reached through a symbolic link")
+        if not stat.S_ISDIR(mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))

@@ -43,6 +43,7 @@ from adapters.ainet.fsio import (
     create_exclusive,
     create_first_free,
     ensure_folder,
+    ensure_subfolders,
     inside,
     read_bounded,
     write_atomic,
@@ -375,8 +376,9 @@ class Workspace:
         Existing files (another agent opened the task first) are kept as they are.
         """
         folder = self.task_folder(request_id)
-        for sub in (CONVERSATION, "input", "output"):
-            ensure_folder(folder / sub)
+        ensure_folder(folder)
+        ensure_subfolders(folder, (CONVERSATION, "input", "output"))
+        self._note_verified(folder / CONVERSATION)
         body = json.dumps(dict(config), ensure_ascii=False, indent=2, sort_keys=True)
         create_exclusive(folder / CONFIG_FILE, body.encode("utf-8"))
         create_exclusive(folder / STATUS_FILE, b"PENDING")
@@ -388,9 +390,7 @@ class Workspace:
         folder = self.task_folder(request_id) / CONVERSATION
         if folder not in self._verified:
             ensure_folder(folder)
-            if len(self._verified) >= VERIFIED_MAX:
-                self._verified.clear()
-            self._verified.add(folder)
+            self._note_verified(folder)
         with self._turn_lock(folder):
             created = create_first_free(folder, data, _turn_names(folder, f"{self.me}.txt",
                                                                   self.max_turns))
@@ -398,6 +398,12 @@ class Workspace:
             raise LayoutError(f"conversation {request_id} has no free number up to "
                               f"{self.max_turns}")
         return self._written(folder / created[0], data, created[1])
+
+    def _note_verified(self, folder: Path) -> None:
+        """``folder`` exists and was checked link-free (bounded memory)."""
+        if len(self._verified) >= VERIFIED_MAX:
+            self._verified.clear()
+        self._verified.add(folder)
 
     @contextmanager
     def _turn_lock(self, folder: Path) -> Iterator[None]:
