@@ -44,7 +44,7 @@ def inside(root: Path, *parts: str) -> Path:
     path = root
     for part in parts:
         path = path / check_component(part, "a path component")
-    if os.path.commonpath([root, path]) != str(root):
+    if not str(path).startswith(os.path.join(root, "")):  # (lexical, as commonpath was)
         raise UnsafeNameError(f"{path} is outside the workspace")
     return path
 

@@ -166,8 +166,11 @@ class Workspace:
         # a thread lock per stripe excludes them.
         self._thread_locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._lock_fds: dict[int, int] = {}
-        # Conversation folders already created and checked link-free (bounded).
+        # Conversation folders already created and checked link-free (bounded), and the
+        # path of each recent RequestId's task folder (bounded; only checked names).
         self._verified: set[Path] = set()
+        self._task_folders: dict[str, Path] = {}
+        self._root_prefix = os.path.join(self.root, "")
         self.max_turns = max_turns
         self.max_spool = max_spool
         self.max_message_bytes = max_message_bytes
@@ -179,8 +182,9 @@ class Workspace:
         create_exclusive(self.session / STATUS_FILE, SessionState.IDLE.value.encode())
 
     def _written(self, path: Path, data: bytes, stat: os.stat_result) -> Written:
-        return Written(path.relative_to(self.root).as_posix(), digest_of(data),
-                       stat.st_size, stat.st_mtime_ns)
+        # (``path`` was built from the root: its tail is the relative path)
+        rel = str(path)[len(self._root_prefix):].replace(os.sep, "/")
+        return Written(rel, digest_of(data), stat.st_size, stat.st_mtime_ns)
 
     def _encode(self, msg: AinetMessage) -> bytes:
         if not msg.is_from(self.agent_id):
@@ -368,7 +372,13 @@ class Workspace:
 
     def task_folder(self, request_id: str) -> Path:
         """``tasks/task-<RequestId>``, refusing a RequestId that is unsafe as a name."""
-        return inside(self.tasks, "task-" + check_request_id(request_id))
+        folder = self._task_folders.get(request_id)
+        if folder is None:
+            folder = inside(self.tasks, "task-" + check_request_id(request_id))
+            if len(self._task_folders) >= VERIFIED_MAX:
+                self._task_folders.clear()
+            self._task_folders[request_id] = folder
+        return folder
 
     def open_task(self, request_id: str, config: Mapping[str, Any]) -> Path:
         """Create the task folder, its sub-folders, ``config.json`` and ``status.txt``.
