@@ -16,6 +16,7 @@ Temporary files start with ``.bpgw-`` and end in ``.tmp``; listings skip dot-fil
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import itertools
@@ -59,10 +60,11 @@ def _temp_name() -> str:
     return f"{TEMP_PREFIX}{os.getpid()}-{_TEMP_RUN}{next(_TEMP_COUNT):x}{TEMP_SUFFIX}"
 
 
-def _write_temp(folder: Path, data: bytes) -> tuple[Path, os.stat_result]:
+def _write_temp(folder: str, data: bytes) -> tuple[str, os.stat_result]:
     """A new temporary file in ``folder`` holding ``data``, and its stat (a rename or a
-    link keeps its size and mtime: no second stat by name is needed)."""
-    temp = folder / _temp_name()
+    link keeps its size and mtime: no second stat by name is needed). Paths here are
+    strings: building ``Path`` objects cost more than the rest of a small file's work."""
+    temp = os.path.join(folder, _temp_name())
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
     try:
         _write_all(fd, data)
@@ -80,13 +82,18 @@ def _write_all(fd: int, data: bytes) -> None:
 def write_atomic(path: Path, data: bytes) -> os.stat_result:
     """Write ``data`` to ``path`` through a temporary file and a rename (replaces); the
     file's stat."""
-    temp, st = _write_temp(path.parent, data)
+    temp, st = _write_temp(os.path.dirname(path), data)
     try:
         os.replace(temp, path)
     except BaseException:
-        temp.unlink(missing_ok=True)
+        _unlink(temp)
         raise
     return st
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def create_exclusive(path: Path, data: bytes) -> os.stat_result | None:
@@ -112,7 +119,7 @@ _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 
 
-def _rename_noreplace(src: Path, dst: Path) -> bool:
+def _rename_noreplace(src: str, dst: str) -> bool:
     """Linux ``renameat2(RENAME_NOREPLACE)``: True when moved, False when ``dst`` exists.
 
     Raises ``OSError`` (ENOSYS, EINVAL) where the kernel or file system lacks it.
@@ -128,7 +135,7 @@ def _rename_noreplace(src: Path, dst: Path) -> bool:
     raise OSError(code, os.strerror(code), str(dst))
 
 
-def create_first_free(folder: Path, data: bytes, names: Iterable[str]
+def create_first_free(folder: Path | str, data: bytes, names: Iterable[str]
                       ) -> tuple[str, os.stat_result] | None:
     """Create the first of ``names`` that is free in ``folder``: the name taken and the
     file's stat; None when none was.
@@ -137,13 +144,15 @@ def create_first_free(folder: Path, data: bytes, names: Iterable[str]
     turn with a rename that refuses to replace (``renameat2``), or hard-linked where that
     is missing, so racing writers each get a distinct name and nothing is overwritten.
     """
-    temp, st = _write_temp(folder, data)
+    base = os.fspath(folder)
+    temp, st = _write_temp(base, data)
     method = "rename" if _RENAMEAT2 is not None else "link"
     try:
         for name in names:
+            target = os.path.join(base, name)
             if method == "rename":
                 try:
-                    if _rename_noreplace(temp, folder / name):
+                    if _rename_noreplace(temp, target):
                         method = "moved"
                         return name, st
                     continue
@@ -153,7 +162,7 @@ def create_first_free(folder: Path, data: bytes, names: Iterable[str]
                     method = "link"
             if method == "link":
                 try:
-                    os.link(temp, folder / name, follow_symlinks=False)
+                    os.link(temp, target, follow_symlinks=False)
                     return name, st
                 except FileExistsError:
                     continue
@@ -161,15 +170,15 @@ def create_first_free(folder: Path, data: bytes, names: Iterable[str]
                     if exc.errno not in _NO_LINKS:
                         raise
                     method = "in place"
-            if (placed := _create_in_place(folder / name, data)) is not None:
+            if (placed := _create_in_place(target, data)) is not None:
                 return name, placed
         return None
     finally:
         if method != "moved":
-            temp.unlink(missing_ok=True)
+            _unlink(temp)
 
 
-def _create_in_place(path: Path, data: bytes) -> os.stat_result | None:
+def _create_in_place(path: str, data: bytes) -> os.stat_result | None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
     except FileExistsError:

@@ -181,7 +181,7 @@ class Workspace:
             ensure_folder(folder)
         create_exclusive(self.session / STATUS_FILE, SessionState.IDLE.value.encode())
 
-    def _written(self, path: Path, data: bytes, stat: os.stat_result) -> Written:
+    def _written(self, path: Path | str, data: bytes, stat: os.stat_result) -> Written:
         # (``path`` was built from the root: its tail is the relative path)
         rel = str(path)[len(self._root_prefix):].replace(os.sep, "/")
         return Written(rel, digest_of(data), stat.st_size, stat.st_mtime_ns)
@@ -407,7 +407,7 @@ class Workspace:
         if created is None:
             raise LayoutError(f"conversation {request_id} has no free number up to "
                               f"{self.max_turns}")
-        return self._written(folder / created[0], data, created[1])
+        return self._written(os.path.join(folder, created[0]), data, created[1])
 
     def _note_verified(self, folder: Path) -> None:
         """``folder`` exists and was checked link-free (bounded memory)."""
