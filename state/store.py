@@ -205,9 +205,20 @@ class Keys:
         return f"{self.prefix}p:{name_key(agent)}"
 
 
+def _read_scripts() -> dict[str, str]:
+    common = (LUA_DIR / "common.lua").read_text()
+    return {path.stem: common + "\n" + path.read_text()
+            for path in LUA_DIR.glob("*.lua") if path.stem != "common"}
+
+
+# Read once, with the code that calls them: a process never pairs this module with the
+# scripts of another version (files replaced under a running process by an upgrade).
+_SCRIPTS = _read_scripts()
+
+
 def load_script(name: str) -> str:
     """Source of one store script: the shared helpers followed by its body."""
-    return (LUA_DIR / "common.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+    return _SCRIPTS[name]
 
 
 class ConversationStore:
