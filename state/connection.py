@@ -32,6 +32,10 @@ BLOCK_MARGIN_SECONDS = 2.0
 answer due when the block ends to arrive late on a loaded machine, while a frozen server
 is still noticed soon after."""
 FAST_SEND_BYTES = 16 * 1024
+# The private attributes the fast paths below read; without them, redis-py's own paths.
+POOL_PRIVATE_ATTRS = ("_condition", "_available_connections", "_in_use_connections",
+                      "_in_maintenance")
+WRITER_ATTR = "_writer"
 """Commands up to this size are written without redis-py's per-send asyncio Task."""
 
 
@@ -67,7 +71,7 @@ class _Connection(aioredis.Connection):
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         timeout = self.socket_timeout
-        writer = getattr(self, "_writer", None)
+        writer = getattr(self, WRITER_ATTR, None)  # redis-py's private stream writer
         if (timeout and writer is not None and self.is_connected
                 and not self.health_check_interval and isinstance(command, list)
                 and not writer.transport.is_closing()
@@ -96,6 +100,10 @@ class _Pool(aioredis.BlockingConnectionPool):
     """
 
     def _quiet(self) -> bool:
+        # Private parts of redis-py (5.x-8.x) and asyncio: when any is missing or of
+        # another shape (a release that renamed it), every call takes the slow path.
+        if not all(hasattr(self, name) for name in POOL_PRIVATE_ATTRS):
+            return False
         cond = self._condition
         waiters = getattr(cond, "_waiters", None)
         return (waiters is not None and not waiters and not cond.locked()

@@ -91,6 +91,36 @@ async def test_reads_keep_their_timeout_and_big_commands_go_through(
     await client.delete(namespace + ":big")
 
 
+async def test_without_the_private_attributes_it_takes_redis_py_own_paths(
+        client_of: Client, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As with a redis-py release that renamed what the fast paths read (with them, this
+    # test sees about one slow get per connection, not one per command).
+    monkeypatch.setattr(conn, "POOL_PRIVATE_ATTRS", (*conn.POOL_PRIVATE_ATTRS, "_gone"))
+    monkeypatch.setattr(conn, "WRITER_ATTR", "_gone")
+    slow: list[str] = []
+    get, release = aioredis.BlockingConnectionPool.get_connection, \
+        aioredis.BlockingConnectionPool.release
+
+    async def counted_get(self: object, *args: object, **kw: object) -> object:
+        slow.append("get")
+        return await get(self, *args, **kw)  # type: ignore[arg-type]
+
+    async def counted_release(self: object, connection: object) -> None:
+        slow.append("release")
+        await release(self, connection)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(aioredis.BlockingConnectionPool, "get_connection", counted_get)
+    monkeypatch.setattr(aioredis.BlockingConnectionPool, "release", counted_release)
+    client = client_of(max_connections=2, timeout=0.2, socket_timeout=0.2)
+    key = namespace + ":fallback"
+    await asyncio.gather(*(client.rpush(key, str(i)) for i in range(20)))
+    assert await client.llen(key) == 20
+    assert slow.count("get") == slow.count("release") >= 21  # every command, the slow way
+    with pytest.raises(RedisTimeoutError):  # reads keep their timeout
+        await client.blpop([namespace + ":never"], timeout=1)
+    await client.delete(key)
+
+
 def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
     ours = conn._Connection()
     theirs = aioredis.Connection()
