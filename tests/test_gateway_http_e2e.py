@@ -143,6 +143,23 @@ async def test_http_malformed_and_impersonation_are_4xx_with_reasons(
             assert kinds == ["notice", "notice"]
 
 
+async def test_a_lone_surrogate_in_a_block_is_a_422_not_a_retry(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any
+) -> None:
+    """JSON can carry "\\ud800"; no UTF-8 store can: the block is malformed (it used to
+    reach Redis and fail there as a 503 the client would retry for ever)."""
+    async with running(_http_config(redis_url, namespace, tmp_path)) as gw:
+        auth = {"Authorization": f"Bearer {TOKENS['Lotbot']}",
+                "Content-Type": "application/json"}
+        text = render(build_request(sender="Lotbot", to="Mantis", task="check XX disk"))
+        raw = json.dumps({"text": text}).replace("XX", "\\ud800").encode()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{_url(gw)}/v1/messages", data=raw, headers=auth) as resp:
+                body = await resp.json()
+        assert resp.status == 422 and body["outcome"] == "malformed", body
+        assert body["errors"][0]["code"] == "bad_value" and "U+D800" in body["detail"]
+
+
 def _url(gw: Gateway) -> str:
     adapter = gw.adapters["web"]
     assert isinstance(adapter, HttpAdapter)

@@ -14,6 +14,7 @@ from protocol import (
     Request,
     Response,
     Status,
+    build_request,
     parse,
     render,
 )
@@ -368,3 +369,16 @@ def test_trailing_white_space_of_value_lines_carries_no_meaning() -> None:
         "[REQUEST → @a]", "From: b", "RequestId: r", "Task: one  ", "    two  ", "", "  three"
     )
     assert one(text).task == msg.task  # type: ignore[union-attr]
+
+
+def test_a_lone_surrogate_is_a_bad_value_not_a_message() -> None:
+    # JSON can carry "\ud800"; no UTF-8 store or platform can: refused at the parser.
+    text = render(build_request(sender="Lotbot", to="Mantis", task="check XX disk"))
+    result = parse(text.replace("XX", "\ud800"))
+    assert result.messages == [] and result.found_block
+    [error] = result.errors
+    assert error.code == "bad_value" and error.line == 4 and "U+D800" in error.message
+    # Outside any block it is ordinary chat, and a paired character is fine.
+    assert parse("a \udfff b").errors == []
+    assert parse(text.replace("XX", "\U0001f600")).messages[0].task == "check \U0001f600 disk"
+
