@@ -23,6 +23,7 @@ from gateway.notices import format_duration
 from gateway.outbox import Outbox
 from gateway.outbox_commands import outbox_command
 from protocol.names import name_key
+from protocol.text import lone_surrogate
 from state.records import ACTIVE, Conversation, ConvStatus, Outcome
 from state.store import LIST_FILTERS, ConversationStore, list_statuses
 
@@ -192,6 +193,14 @@ class Commands:
                 fields=(("why", f"{cmd.identity} is not among the configured {who}"),),
                 ok=False,
             )
+        for arg in cmd.args:
+            if (bad := lone_surrogate(arg)) is not None:
+                return CommandResult(
+                    title=f"/protocol {cmd.name}: bad argument",
+                    fields=(("why", f"{arg!r} is not valid Unicode ({bad}, a lone "
+                             "surrogate)"),),
+                    ok=False,
+                )
         handler = {
             "status": self._status,
             "show": self._show,

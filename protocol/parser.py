@@ -7,7 +7,6 @@ It never raises: every problem becomes a `ParseError`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, SupportsIndex
@@ -32,13 +31,10 @@ from protocol.models import (
     checked_constructor,
 )
 from protocol.names import check_name
-from protocol.text import ZWSP, normalize_newlines, unescape_fences
+from protocol.text import ZWSP, lone_surrogate, normalize_newlines, unescape_fences
 from protocol.values import parse_depth, parse_priority, parse_status
 
 FENCE = "```"
-# A UTF-16 surrogate code point: in a Python str only ever unpaired (a JSON "\ud800"
-# escape, say), which no UTF-8 store, platform or file can carry.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 DEFAULT_MAX_BLOCK_BYTES = 65536
 
 _TYPES = {member.value: member for member in MessageType}
@@ -129,7 +125,7 @@ def parse(text: str | bytes, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) 
     # A text of at most limit/4 characters can not hold a block over the limit.
     check_size = len(text) > max_block_bytes // 4
     has_zwsp = ZWSP in text
-    has_surrogate = not text.isascii() and _SURROGATE.search(text) is not None
+    has_surrogate = lone_surrogate(text) is not None
     for number, content, closed, joined in _fenced_blocks(normalize_newlines(text)):
         # The header is the first non-empty line; anything else makes ordinary chat.
         head = 0
@@ -161,13 +157,13 @@ def parse(text: str | bytes, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) 
                     f"The block is larger than the limit of {max_block_bytes} bytes.",
                 )
             )
-        elif has_surrogate and (bad := _SURROGATE.search(joined)) is not None:
+        elif has_surrogate and (bad := _surrogate_line(content)) is not None:
             errors.append(
                 make_error(
                     "bad_value",
                     number,
-                    joined.count("\n", 0, bad.start()) + 1,
-                    f"The block holds U+{ord(bad.group()):04X}, half of a UTF-16 surrogate "
+                    bad[0],
+                    f"The block holds {bad[1]} of that line, half of a UTF-16 surrogate "
                     "pair without its other half: not valid Unicode, so it can not be "
                     "stored or relayed.",
                 )
@@ -274,6 +270,14 @@ def _find_fence(text: str, start: int) -> int:
     if index < 0 or text.startswith(FENCE, index):
         return index
     return text.find(FENCE, index + 1)
+
+
+def _surrogate_line(content: list[str]) -> tuple[int, str] | None:
+    """(line number, description) of a block's first lone surrogate, or None."""
+    for number, line in enumerate(content, 1):
+        if (bad := lone_surrogate(line)) is not None:
+            return number, bad
+    return None
 
 
 def _too_large(joined: str, limit: int) -> bool:

@@ -20,6 +20,20 @@ from __future__ import annotations
 import re
 
 ZWSP = "\u200b"
+# A UTF-16 surrogate code point: in a Python str only ever unpaired (a JSON "\ud800"
+# escape, say), which no UTF-8 store, platform or file can carry.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """A description of the first lone UTF-16 surrogate in ``text`` (``"U+D800 at
+    character 12"``), or None when there is none (free for ASCII text)."""
+    if text.isascii():
+        return None
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return f"U+{ord(found.group()):04X} at character {found.start()}"
 
 # Both patterns are fixed-width look-arounds plus literals: they can not backtrack.
 _ESCAPE = re.compile("``(?=[`\u200b])")

@@ -56,6 +56,14 @@ async def test_status_counts_oldest_load_transports_and_sweeps(cfg_args, redis_c
         assert result.rows[0][4] == "@Lotbot" and result.rows[1][4] == "@SecurityBot"
 
 
+async def test_an_argument_that_is_not_valid_unicode_is_refused(cfg_args, redis_client) -> None:
+    async with running(make_config(*cfg_args)) as gw:
+        for name in ("status", "show", "list"):
+            result = await memory(gw, "chat").command(name, "@a\ud800", author_id="x")
+            assert not result.ok and result.title == f"/protocol {name}: bad argument"
+            assert "U+D800" in dict(result.fields)["why"]
+
+
 async def test_status_for_one_agent(cfg_args, redis_client) -> None:
     async with running(make_config(*cfg_args)) as gw:
         _, second = await _two_conversations(gw)

@@ -158,6 +158,13 @@ async def test_a_lone_surrogate_in_a_block_is_a_422_not_a_retry(
                 body = await resp.json()
         assert resp.status == 422 and body["outcome"] == "malformed", body
         assert body["errors"][0]["code"] == "bad_value" and "U+D800" in body["detail"]
+        # A thread is stored as it is: one that is not valid Unicode is a 400.
+        good = text.replace("XX", "the")
+        raw = json.dumps({"text": good, "thread": "t-YY"}).replace("YY", "\\udc00").encode()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{_url(gw)}/v1/messages", data=raw, headers=auth) as resp:
+                body = await resp.json()
+        assert resp.status == 400 and "U+DC00" in body["error"]["message"], body
 
 
 def _url(gw: Gateway) -> str:

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from adapters.base import QueryError, Unavailable
 from adapters.options import describe_validation_error
+from protocol.text import lone_surrogate
 
 log = logging.getLogger("bpgw.adapters.http")
 
@@ -187,15 +188,22 @@ def message_fields(data: Any) -> tuple[str, str | None]:
     if type(data) is dict:
         text = data.get("text")
         thread = data.get("thread")
-        if (
+        if not (
             type(text) is str
             and text
             and (thread is None or (type(thread) is str and thread))
             and len(data) == (2 if "thread" in data else 1)
         ):
-            return text, thread
-    body = parse_as(MessageBody, data)
-    return body.text, body.thread
+            body = parse_as(MessageBody, data)
+            text, thread = body.text, body.thread
+    else:
+        body = parse_as(MessageBody, data)
+        text, thread = body.text, body.thread
+    # The text may hold anything (a block with a lone surrogate is refused by the
+    # parser with its line); the thread is stored as it is, so it must be valid Unicode.
+    if thread is not None and (bad := lone_surrogate(thread)) is not None:
+        raise ApiError(400, f"body.thread: not valid Unicode ({bad}, a lone surrogate)")
+    return text, thread
 
 
 def query_number(
