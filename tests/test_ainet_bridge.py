@@ -59,6 +59,12 @@ def _session(root: Path, name: str) -> Path:
     return root / "session" / name
 
 
+def _write_raw(path: bytes, data: bytes) -> None:
+    """Write a file whose name is raw bytes (not necessarily UTF-8)."""
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def _files(folder: Path, pattern: str) -> list[Path]:
     return [p for p in folder.rglob(pattern) if p.is_file()]
 
@@ -630,3 +636,29 @@ async def test_stop_ends_the_poll_loop_even_when_a_cancel_is_dropped(
         loop_task.cancel()
         await stopping
         assert not stuck, "the poll loop outlived stop()"
+
+
+async def test_names_that_are_not_utf8_are_skipped_and_the_rest_flows(
+    redis_url: str, namespace: str, tmp_path: Path, redis_client: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A synced folder can hold names in another encoding: one such file used to make
+    every poll fail (the name could not be stored), so nothing was ingested any more."""
+    root = tmp_path / "shared"
+    async with chat_and_bridge(bridge_config(redis_url, namespace, tmp_path)) as (_gw, chat):
+        peer = PlainAgent(root, PEER)
+        junk = peer.text(ME, "@Lotbot from a bad name", kind="PRIVATE").encode()
+        me = os.fsencode(conv(ME))
+        (root / "tasks" / "task-zz" / "conversation").mkdir(parents=True)
+        for raw in (os.fsencode(root / "session") + b"/Device-x\xff_to_" + me + b"_request.txt",
+                    os.fsencode(root / "tasks" / "task-zz" / "conversation") + b"/001-\xfe.txt"):
+            _write_raw(raw, junk)
+        os.makedirs(os.fsencode(root / "tasks") + b"/task-\xff/conversation")
+        peer.request(ME, "@Lotbot after the junk")
+        got = await chat.one()
+        assert got.task == "after the junk"  # type: ignore[union-attr]
+        assert await chat.receive(wait=0.3) == []
+    skipped = [r.getMessage() for r in caplog.records if "not valid UTF-8" in r.getMessage()]
+    # The two files and the task folder, each once however many polls ran.
+    assert len(skipped) == 3 and all("\\x" in m for m in skipped), skipped
+

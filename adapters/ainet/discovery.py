@@ -14,6 +14,7 @@ or by the bridge's own writes are checked at the next poll.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import deque
@@ -23,6 +24,9 @@ from pathlib import Path
 
 from adapters.ainet.fsio import TEMP_PREFIX
 from adapters.ainet.workspace import CONVERSATION, SESSION, STATUS_FILE, TASKS, turn_number
+from protocol.text import lone_surrogate
+
+log = logging.getLogger("bpgw.adapters.ainet")
 
 RACY_NS = 2_000_000_000
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -174,6 +178,14 @@ class Scanner:
         for entry in entries:
             name = entry.name
             if name in folder.names or name.startswith((".", TEMP_PREFIX)):
+                continue
+            if lone_surrogate(name) is not None:
+                # Bytes that are not UTF-8 (os.fsdecode keeps them as lone surrogates):
+                # such a name can be neither recorded nor answered. Skipped, and told once
+                # (its name stays in the listed names while the folder is tracked).
+                folder.names.add(name)
+                log.warning("ainet: skipped %s/%r: its name is not valid UTF-8", folder.rel,
+                            os.fsencode(name))
                 continue
             rel = f"{folder.rel}/{name}"
             if folder.rel == TASKS:
