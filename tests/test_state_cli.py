@@ -73,6 +73,17 @@ async def test_status_show_sweep(store: ConversationStore, redis_url: str, names
     assert [line.split() for line in load[1:]] == [["agent", "owes", "replies"], ["Heron", "2"]]
 
 
+async def test_an_argument_that_is_not_utf8_is_a_clear_error(
+    store: ConversationStore, redis_url: str, namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `bpgw show $'\xff'`: the shell's byte reaches Python as a lone surrogate.
+    code = await asyncio.to_thread(
+        main, ["show", "r\udcff", "--redis-url", redis_url, "--namespace", namespace])
+    assert code == 2
+    assert "not valid UTF-8 (it holds the bytes b'\\xff')" in capsys.readouterr().err
+
+
 async def _to_thread(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     # The CLI runs its own event loop (asyncio.run), so it runs in a worker thread here.
     return await asyncio.to_thread(_run, capsys, *args)

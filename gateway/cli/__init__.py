@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,6 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except UnicodeEncodeError as exc:
+        # Arguments arrive through os.fsdecode: bytes that are not UTF-8 become lone
+        # surrogates, which nothing the commands talk to (Redis, NATS, JSON) can carry.
+        # (File paths never get here: the os functions take them back as bytes.)
+        bad = exc.object[exc.start : exc.end]
+        if not isinstance(bad, str) or not all("\ud800" <= c <= "\udfff" for c in bad):
+            raise
+        print(f"bpgw: an argument is not valid UTF-8 (it holds the bytes "
+              f"{os.fsencode(bad)!r})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
