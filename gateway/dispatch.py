@@ -599,7 +599,6 @@ class Dispatcher:
                 log.warning("retry queue of %s: %s", dest, exc)
                 await asyncio.sleep(1.0)
 
-
     async def _retry_pass(self, dest: str, queue: str, ready: list[Item]) -> None:
         """Send the head items ``ready`` of ``dest``'s queue in order, then trim what went
         through (or was dead-lettered) and note why the head is still blocked."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 _Call = tuple[list[str], list[Any], "asyncio.Future[Any]"]
 _Args = tuple[list[str], list[Any]]
@@ -54,9 +54,7 @@ class ScriptBatcher:
             # this one is out are the ones that batch.
             self._in_flight += 1
             try:
-                if self._head is None:
-                    return await self._script(keys=keys, args=args)
-                [reply] = await self._merged([(keys, args)])
+                [reply] = await self._run([(keys, args)])
             finally:
                 self._in_flight -= 1
             if isinstance(reply, Exception):
@@ -77,11 +75,7 @@ class ScriptBatcher:
         reply as its exception, not raised)."""
         replies: list[Any] = []
         for start in range(0, len(calls), self._max_batch):
-            part = calls[start : start + self._max_batch]
-            if self._head is not None:
-                replies += await self._merged(part)
-            else:
-                replies += await self._pipelined(part)
+            replies += await self._run(calls[start : start + self._max_batch])
         return replies
 
     def _flush(self) -> None:
@@ -97,14 +91,7 @@ class ScriptBatcher:
     async def _send(self, batch: list[_Call]) -> None:
         self._in_flight += 1
         try:
-            calls = [(keys, args) for keys, args, _ in batch]
-            if self._head is not None:
-                replies: list[Any] = await self._merged(calls)
-            elif len(batch) == 1:
-                keys, args = calls[0]
-                replies = [await self._script(keys=keys, args=args)]
-            else:
-                replies = await self._pipelined(calls)
+            replies = await self._run([(keys, args) for keys, args, _ in batch])
         except BaseException as exc:  # the connection failed: every caller gets the error
             for _, _, future in batch:
                 if not future.done():
@@ -121,6 +108,19 @@ class ScriptBatcher:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    async def _run(self, calls: list[_Args]) -> list[Any]:
+        """One round trip for ``calls``: one call of the batch script, one call on its
+        own, or a pipeline; their replies (a script's error reply as its exception)."""
+        if self._head is not None:
+            return await self._merged(calls)
+        if len(calls) == 1:
+            keys, args = calls[0]
+            try:
+                return [await self._script(keys=keys, args=args)]
+            except ResponseError as exc:
+                return [exc]
+        return await self._pipelined(calls)
 
     async def _merged(self, calls: list[_Args]) -> list[Any]:
         """One call of the batch script for ``calls``; its replies, one per call."""

@@ -32,11 +32,11 @@ BLOCK_MARGIN_SECONDS = 2.0
 answer due when the block ends to arrive late on a loaded machine, while a frozen server
 is still noticed soon after."""
 FAST_SEND_BYTES = 16 * 1024
+"""Commands up to this size are written without redis-py's per-send asyncio Task."""
 # The private attributes the fast paths below read; without them, redis-py's own paths.
 POOL_PRIVATE_ATTRS = ("_condition", "_available_connections", "_in_use_connections",
                       "_in_maintenance")
 WRITER_ATTR = "_writer"
-"""Commands up to this size are written without redis-py's per-send asyncio Task."""
 
 
 class _Connection(aioredis.Connection):
@@ -99,10 +99,14 @@ class _Pool(aioredis.BlockingConnectionPool):
     ``timeout``; first connections; maintenance mode) is redis-py's own code.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Private parts of redis-py (5.x-8.x), looked for once: when any is missing (a
+        # release that renamed it), every call takes the slow path.
+        self._has_private_parts = all(hasattr(self, name) for name in POOL_PRIVATE_ATTRS)
+
     def _quiet(self) -> bool:
-        # Private parts of redis-py (5.x-8.x) and asyncio: when any is missing or of
-        # another shape (a release that renamed it), every call takes the slow path.
-        if not all(hasattr(self, name) for name in POOL_PRIVATE_ATTRS):
+        if not self._has_private_parts:
             return False
         cond = self._condition
         waiters = getattr(cond, "_waiters", None)

@@ -205,10 +205,15 @@ class Keys:
         return f"{self.prefix}p:{name_key(agent)}"
 
 
+STORE_SCRIPTS = ("apply", "claim", "purge", "load", "canonical")
+"""The store's scripts in LUA_DIR (lease.lua and cursor.lua there are read by their own
+modules and take no helpers)."""
+
+
 def _read_scripts() -> dict[str, str]:
     common = (LUA_DIR / "common.lua").read_text()
-    return {path.stem: common + "\n" + path.read_text()
-            for path in LUA_DIR.glob("*.lua") if path.stem != "common"}
+    return {name: common + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+            for name in STORE_SCRIPTS}
 
 
 # Read once, with the code that calls them: a process never pairs this module with the

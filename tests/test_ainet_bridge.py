@@ -65,6 +65,17 @@ def _write_raw(path: bytes, data: bytes) -> None:
         f.write(data)
 
 
+async def _stop_ends_the_loop(adapter: Any, loop_task: asyncio.Task[Any]) -> None:
+    """``adapter.stop()`` ends its poll loop within 10 s (the loop is cancelled after the
+    check either way, so a failing test does not leave it polling)."""
+    stopping = asyncio.ensure_future(adapter.stop())
+    await asyncio.wait([stopping], timeout=10)  # (no cancel of its own on timeout)
+    stuck = not loop_task.done()
+    loop_task.cancel()
+    await stopping
+    assert not stuck, "the poll loop outlived stop()"
+
+
 def _files(folder: Path, pattern: str) -> list[Path]:
     return [p for p in folder.rglob(pattern) if p.is_file()]
 
@@ -566,12 +577,7 @@ async def test_stop_is_not_lost_when_a_wake_up_comes_at_the_same_moment(
         await ingested(gw, f"session/{conv(ME)}_to_BROADCAST_broadcast.txt")  # polled once
         await asyncio.sleep(0.1)  # the loop is now waiting for its next poll
         adapter._on_paths([])  # a wake-up, and the cancel right behind it
-        stopping = asyncio.ensure_future(adapter.stop())
-        await asyncio.wait([stopping], timeout=10)  # (no cancel of its own on timeout)
-        stuck = not loop_task.done()
-        loop_task.cancel()
-        await stopping
-        assert not stuck, "the poll loop outlived stop()"
+        await _stop_ends_the_loop(adapter, loop_task)
 
 
 async def test_a_send_cancelled_mid_write_is_still_recorded(
@@ -630,12 +636,7 @@ async def test_stop_ends_the_poll_loop_even_when_a_cancel_is_dropped(
         monkeypatch.setattr(adapter, "poll_once", poll_dropping_a_cancel)
         adapter._on_paths([])
         await asyncio.wait_for(polling.wait(), 10)
-        stopping = asyncio.ensure_future(adapter.stop())
-        await asyncio.wait([stopping], timeout=10)
-        stuck = not loop_task.done()
-        loop_task.cancel()
-        await stopping
-        assert not stuck, "the poll loop outlived stop()"
+        await _stop_ends_the_loop(adapter, loop_task)
 
 
 async def test_names_that_are_not_utf8_are_skipped_and_the_rest_flows(

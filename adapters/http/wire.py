@@ -185,25 +185,28 @@ def message_fields(data: Any) -> tuple[str, str | None]:
     The usual body, ``{"text": "..."}`` with perhaps a ``thread``, is checked here by
     hand, as the model would; any other goes through the model (its checks, its 400).
     """
-    if type(data) is dict:
-        text = data.get("text")
-        thread = data.get("thread")
-        if not (
-            type(text) is str
-            and text
-            and (thread is None or (type(thread) is str and thread))
-            and len(data) == (2 if "thread" in data else 1)
-        ):
-            body = parse_as(MessageBody, data)
-            text, thread = body.text, body.thread
-    else:
+    fields = _usual_message(data)
+    if fields is None:
         body = parse_as(MessageBody, data)
-        text, thread = body.text, body.thread
+        fields = body.text, body.thread
+    text, thread = fields
     # The text may hold anything (a block with a lone surrogate is refused by the
     # parser with its line); the thread is stored as it is, so it must be valid Unicode.
     if thread is not None and (bad := lone_surrogate(thread)) is not None:
         raise ApiError(400, f"body.thread: not valid Unicode ({bad}, a lone surrogate)")
     return text, thread
+
+
+def _usual_message(data: Any) -> tuple[str, str | None] | None:
+    """``(text, thread)`` when ``data`` is a body the model would take as it is (a
+    non-empty text, perhaps a non-empty thread or null, nothing else), else None."""
+    if type(data) is not dict:
+        return None
+    text, thread = data.get("text"), data.get("thread")
+    if (type(text) is str and text and (thread is None or (type(thread) is str and thread))
+            and len(data) == (2 if "thread" in data else 1)):
+        return text, thread
+    return None
 
 
 def query_number(

@@ -289,15 +289,14 @@ end
 
 -- The batch: its messages, then one MGET of what they read (budgets, later steps' records).
 local msgs, reads, seen = {}, {}, {}
-local k, n = 1, 0
+local k = 1
 for i = 2, #ARGV, 4 do
   local count = tonumber(ARGV[i])
   local a = cjson.decode(ARGV[i + 1])
   local m = {KEYS[k], KEYS[k + 1], {unpack(KEYS, k + 2, k + count - 1)}, a, ARGV[i + 2],
              ARGV[i + 3]}
   k = k + count
-  n = n + 1
-  msgs[n] = m
+  msgs[#msgs + 1] = m
   -- seen[key] is the table its value goes to (records and budgets differ in prefix).
   if a[1] ~= 'REQUEST' and a[1] ~= 'BROADCAST' and not seen[m[1]] then
     seen[m[1]] = REC
