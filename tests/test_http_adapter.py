@@ -408,6 +408,34 @@ async def test_unknown_route_and_method(adapter: HttpAdapter, api: Api) -> None:
         assert (await resp.json())["error"]["code"] == "method_not_allowed"
 
 
+@pytest.mark.parametrize(
+    ("head", "status", "code", "allow"),
+    [
+        (b"OPTIONS * HTTP/1.1", 404, "not_found", None),  # a target no path pattern matches
+        (b"GET /a%0Ab HTTP/1.1", 404, "not_found", None),  # a decoded newline in the path
+        (b"GET /v1/messages/ HTTP/1.1", 404, "not_found", None),
+        (b"GET /v1/conversations/ HTTP/1.1", 404, "not_found", None),
+        (b"PUT /v1/agents/bob/inbox HTTP/1.1", 405, "method_not_allowed", "GET,HEAD"),
+        (b"POST /healthz HTTP/1.1", 405, "method_not_allowed", "GET,HEAD"),
+        (b"DELETE /v1/commands HTTP/1.1", 405, "method_not_allowed", "POST"),
+    ],
+)
+async def test_any_target_and_method_is_answered_in_the_error_shape(
+    adapter: HttpAdapter, head: bytes, status: int, code: str, allow: str | None
+) -> None:
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    top, _, body = answer.partition(b"\r\n\r\n")
+    assert top.startswith(b"HTTP/1.1 %d " % status)
+    assert json.loads(body)["error"]["code"] == code
+    assert (allow is None) == (b"\r\nAllow: " not in top)
+    if allow is not None:
+        assert b"\r\nAllow: " + allow.encode() + b"\r\n" in top
+
+
 async def test_sink_failure_is_a_logged_503_never_500(
     adapter: HttpAdapter, sink: RecordingSink, api: Api
 ) -> None:

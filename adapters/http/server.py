@@ -15,11 +15,12 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring as _json_str
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 
 from adapters.base import (
@@ -50,7 +51,7 @@ from adapters.http.wire import (
     AckBody,
     ApiError,
     CommandBody,
-    json_errors,
+    error_answer,
     message_fields,
     parse_as,
     query_number,
@@ -60,6 +61,9 @@ from adapters.http.wire import (
 )
 from adapters.options import load_options
 from protocol.names import name_key
+
+if TYPE_CHECKING:
+    from yarl import URL
 
 log = logging.getLogger("bpgw.adapters.http")
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -144,6 +148,59 @@ def answer_json(native_id: str, disposition: Disposition) -> str:
     )
 
 
+def _not_allowed(methods: frozenset[str]) -> Handler:
+    """A handler answering 405 with ``Allow: methods``, as aiohttp's router would."""
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPMethodNotAllowed(request.method, methods)
+
+    return refuse
+
+
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()
+
+
+class _EveryTarget(web.AbstractResource):
+    """A resource every request target matches, even one not starting with ``/``
+    (``OPTIONS *``), which no path pattern can: registered last, it is the router's 404."""
+
+    def __init__(self, handler: Handler) -> None:
+        super().__init__()
+        self._route = web.ResourceRoute(hdrs.METH_ANY, handler, self)
+
+    @property
+    def canonical(self) -> str:
+        """Indexed at the root, which the router consults last for every target."""
+        return "/"
+
+    def url_for(self, **kwargs: str) -> URL:
+        """No URL of its own."""
+        raise RuntimeError("the catch-all route has no URL")
+
+    async def resolve(self, request: web.Request) -> tuple[web.UrlMappingMatchInfo, set[str]]:
+        """Matches every request, any method."""
+        return web.UrlMappingMatchInfo({}, self._route), {hdrs.METH_ANY}
+
+    def add_prefix(self, prefix: str) -> None:
+        """Never mounted under a prefix."""
+        raise RuntimeError("the catch-all route is not for sub-applications")
+
+    def get_info(self) -> Any:  # aiohttp's own type for it is private
+        """Nothing to describe."""
+        return {}
+
+    def raw_match(self, path: str) -> bool:
+        """Never the resource a route is added to by path."""
+        return False
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[web.AbstractRoute]:
+        return iter((self._route,))
+
+
 def _ids(message: Outbound) -> dict[str, str | None]:
     """A delivery's ids for its log record."""
     return {"request_id": message.request_id, "trace_id": message.trace_id}
@@ -195,21 +252,35 @@ class HttpAdapter(Adapter):
         return self._url
 
     def make_app(self) -> web.Application:
-        """The aiohttp application with every route and the JSON error middleware."""
-        app = web.Application(
-            client_max_size=self.settings.max_body_bytes,
-            middlewares=[self._guard.middleware, json_errors],
-        )
-        app.router.add_post("/v1/messages", self._post_message)
-        app.router.add_get("/v1/agents/{name}/inbox", self._get_inbox)
-        app.router.add_post("/v1/agents/{name}/inbox/ack", self._post_ack)
-        app.router.add_post("/v1/commands", self._post_command)
-        app.router.add_get("/v1/conversations", self._list_conversations)
-        app.router.add_get("/v1/conversations/{request_id}", self._get_conversation)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/metrics", self._metrics)
-        for route in self._routes:
-            app.router.add_route(route.method, route.path, self._web_handler(route))
+        """The aiohttp application with every route, each answering errors in the JSON
+        error shape (``error_answer``), an unknown route (404) and a wrong method (405,
+        with ``Allow``) too."""
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        # (path, method, handler, with HEAD); a path's methods share one resource.
+        table: list[tuple[str, str, Handler, bool]] = [
+            ("/v1/messages", "POST", self._post_message, False),
+            ("/v1/agents/{name}/inbox", "GET", self._get_inbox, True),
+            ("/v1/agents/{name}/inbox/ack", "POST", self._post_ack, False),
+            ("/v1/commands", "POST", self._post_command, False),
+            ("/v1/conversations", "GET", self._list_conversations, True),
+            ("/v1/conversations/{request_id}", "GET", self._get_conversation, True),
+            ("/healthz", "GET", self._healthz, True),
+            ("/metrics", "GET", self._metrics, True),
+        ]
+        table += [(r.path, r.method, self._web_handler(r), False) for r in self._routes]
+        serving = self._guard.serving
+        for path in dict.fromkeys(path for path, *_ in table):
+            resource = app.router.add_resource(path)
+            for at, method, handler, head in table:
+                if at == path:
+                    if head:
+                        resource.add_route(hdrs.METH_HEAD, serving(handler, error_answer))
+                    resource.add_route(method, serving(handler, error_answer))
+            allowed = frozenset(route.method for route in resource)
+            if hdrs.METH_ANY not in allowed:
+                resource.add_route(hdrs.METH_ANY, serving(_not_allowed(allowed), error_answer))
+        # Last, consulted when nothing else matches: any target (``*`` too) is a JSON 404.
+        app.router.register_resource(_EveryTarget(serving(_not_found, error_answer)))
         return app
 
     def serve_routes(self, routes: Sequence[WebRoute]) -> None:

@@ -2,7 +2,7 @@
 
 Every error leaves the server as ``{"error": {"code": "...", "message": "..."}}``:
 ``ApiError`` for the errors handlers raise, aiohttp's ``HTTPException`` (unknown route,
-wrong method, oversize body) translated by ``json_errors``, the gateway's ``QueryError``
+wrong method, oversize body) translated by ``error_answer``, the gateway's ``QueryError``
 as 400 and ``Unavailable`` (or the inboxes' Redis failing) as 503 with ``Retry-After``.
 Never a 500: an unexpected exception is logged and answered 503 with ``Retry-After``.
 """
@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from redis.exceptions import RedisError
 
@@ -83,36 +82,33 @@ def unavailable(message: str, retry_after: float = RETRY_AFTER_SECONDS) -> web.R
     return error_response(503, message, headers={"Retry-After": seconds})
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every error into the JSON error shape: a documented 4xx, or 503 with
-    ``Retry-After`` (an unexpected exception is logged and answered 503, never 500)."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
+def error_answer(request: web.Request, exc: Exception) -> web.StreamResponse | None:
+    """The JSON error shape for an exception a handler raised: a documented 4xx, or 503
+    with ``Retry-After`` (an unexpected exception is logged and answered 503, never 500);
+    None for one to re-raise (a redirect, the client going away: aiohttp handles those)."""
+    if isinstance(exc, ApiError):
         response = error_response(exc.status, exc.message, headers=exc.headers)
         if exc.close:
             response.force_close()
         return response
-    except QueryError as exc:
+    if isinstance(exc, QueryError):
         return error_response(400, str(exc))
-    except Unavailable as exc:
+    if isinstance(exc, Unavailable):
         return unavailable(str(exc), exc.retry_after)
-    except RedisError as exc:  # the inboxes' own Redis calls
+    if isinstance(exc, RedisError):  # the inboxes' own Redis calls
         log.warning("state store unavailable for %s %s: %s", request.method, request.path, exc)
         return unavailable(f"the state store cannot answer now ({exc}); retry")
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            return None
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         if exc.status >= 500:
             return unavailable(exc.text or exc.reason)
         return error_response(exc.status, exc.text or exc.reason, headers=headers)
-    except ConnectionError:
-        raise  # the client went away; aiohttp handles that
-    except Exception:
-        log.exception("unexpected error handling %s %s", request.method, request.path)
-        return unavailable("unexpected server error; see the gateway log; retry")
+    if isinstance(exc, ConnectionError):
+        return None
+    log.error("unexpected error handling %s %s", request.method, request.path, exc_info=exc)
+    return unavailable("unexpected server error; see the gateway log; retry")
 
 
 async def read_bytes(request: web.Request, max_bytes: int, within: float) -> bytes:
