@@ -23,6 +23,7 @@ import pytest
 from mq9wire import Mq9Wire, ids, payloads
 
 from adapters.mq9 import Mq9Service, ServiceSettings, start_service, stop_service
+from adapters.mq9.names import LANES, Lane
 
 from servers import PrivateNats
 
@@ -521,6 +522,31 @@ async def test_two_instances_share_the_work(services: Starter, mq9_nats: str) ->
         await stop_service(first)  # the other instance answers alone, from the same state
         assert (await mq9.create(name))["error"] == f"mailbox {name} already exists"
         assert ids(await mq9.fetch(name, group_name="g")) == [197, 198, 199]
+    finally:
+        await mq9.close()
+
+
+async def test_ack_hints_of_one_instance_never_undo_another(services: Starter,
+                                                            mq9_nats: str) -> None:
+    """An instance sets a group's offsets from the entry it last saw; when another
+    instance moved them since, the set fails and the entry is read: offsets never go back."""
+    first, second = await services(), await services()
+    mq9 = await Mq9Wire.connect(mq9_nats)
+    try:
+        name = await mailbox(mq9)
+        for i in range(8):
+            await mq9.send(name, f"m{i}")
+        a, b = first.storage, second.storage
+        meta_a, meta_b = await a.mailbox(name), await b.mailbox(name)
+        assert meta_a is not None and meta_b is not None
+        await a.advance(meta_a, "g", LANES, 2)  # first remembers what it wrote
+        await b.advance(meta_b, "g", LANES, 6)  # second moves past it
+        await a.advance(meta_a, "g", LANES, 4)  # first's entry is old: read, nothing to do
+        assert await b.offsets(meta_b, "g") == dict.fromkeys(LANES, 6)
+        await a.advance(meta_a, "g", (Lane.CRITICAL,), 8)  # set from the entry just read
+        assert await b.offsets(meta_b, "g") == {Lane.CRITICAL: 8, Lane.URGENT: 6,
+                                                Lane.NORMAL: 6}
+        assert ids(await mq9.fetch(name, group_name="g")) == [6, 7]
     finally:
         await mq9.close()
 

@@ -264,11 +264,11 @@ class Mq9Service:
                                         start_time=req.from_time, limit=1)
         return first[0].seq if first else last + 1
 
-    async def _offsets(self, address: str, req: FetchRequest) -> dict[Lane, int]:
+    async def _offsets(self, meta: MailboxMeta, req: FetchRequest) -> dict[Lane, int]:
         """The group's acknowledged offsets that a FETCH starts from (none: ``deliver``)."""
         if req.group_name is None or req.force_deliver:
             return {}
-        return await self.storage.offsets(address, req.group_name)
+        return await self.storage.offsets(meta, req.group_name)
 
     async def _collect(self, address: str, req: FetchRequest, limit: int,
                        offsets: dict[Lane, int]) -> list[Stored]:
@@ -303,12 +303,13 @@ class Mq9Service:
         req = parse(FetchRequest, msg.data)
         if req.group_name is not None and len(req.group_name) > s.max_name_length:
             raise BadRequest(f"group_name longer than {s.max_name_length} characters")
-        if await self._live(address) is None:
+        meta = await self._live(address)
+        if meta is None:
             return reply(_missing(address))
         limit = min(max(1, req.config.num_msgs), s.max_fetch_messages)
         try:
             # FETCH never moves offsets, so one read of them serves the whole long wait.
-            offsets = await self._offsets(address, req)
+            offsets = await self._offsets(meta, req)
             found = await self._collect(address, req, limit, offsets)
             wait_ms = min(max(0, req.config.max_wait_ms), s.max_wait_ms)
             if not found and wait_ms > 0:
@@ -316,6 +317,8 @@ class Mq9Service:
                                                      wait_ms / 1000)
         except MailboxMissing:
             return reply(_missing(address))
+        if req.group_name is not None:
+            self.storage.served(meta, found)  # the ACK that follows knows their lanes
         return messages_reply(found, s.payload_encoding, self.reply_budget)
 
     async def _wait_and_collect(self, address: str, req: FetchRequest, limit: int,
@@ -347,17 +350,18 @@ class Mq9Service:
         if len(req.group_name) > self.settings.max_name_length:
             raise BadRequest(
                 f"group_name longer than {self.settings.max_name_length} characters")
-        if await self._live(address) is None:
+        meta = await self._live(address)
+        if meta is None:
             return reply(f"mailbox not found: {address}")
-        stored = await self.storage.get(address, req.msg_id + 1)
         # Unlike the broker (which moves all three lanes), only the acked message's lane
         # and the more urgent ones move: every message of those lanes with a smaller id
         # was necessarily served before it. Less urgent lanes keep their offsets, so a
-        # never-fetched normal message is never skipped. An id that is gone moves only
-        # the critical lane (at worst a redelivery, never a loss).
-        lane = stored.lane if stored is not None else Lane.CRITICAL
+        # never-fetched normal message is never skipped. An id whose lane is unknown
+        # (gone, and not served here) moves only the critical lane (at worst a
+        # redelivery, never a loss).
+        lane = await self.storage.lane(meta, req.msg_id + 1) or Lane.CRITICAL
         lanes = LANES[: LANES.index(lane) + 1]
-        await self.storage.advance(address, req.group_name, lanes, req.msg_id + 1)
+        await self.storage.advance(meta, req.group_name, lanes, req.msg_id + 1)
         return reply()
 
     async def _query(self, address: str, msg: Msg) -> bytes:

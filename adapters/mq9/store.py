@@ -50,6 +50,8 @@ _STREAM_IN_USE = 10058
 _API_TIMEOUT = 5.0
 _LIST_PAGE = 256
 _CAS_ATTEMPTS = 200
+_LANES_KEPT = 65_536
+_ENTRIES_KEPT = 16_384
 
 
 class StorageError(Exception):
@@ -224,6 +226,13 @@ class Storage:
         # Cache of CREATE's immutable facts, so SEND needs one round trip; a cached
         # mailbox can only disappear by expiring, which the cache entry knows.
         self._meta: OrderedDict[str, MailboxMeta] = OrderedDict()
+        # Hints that spare an ACK two of its three round trips, keyed by the mailbox's
+        # nonce (a mailbox created again is another one). The lane each message this
+        # instance served was stored in (a stored message never changes lane), and each
+        # group's last offsets entry seen with its revision (the compare-and-set proves
+        # it current, else it is read again). A miss only costs the round trip.
+        self._lanes: dict[tuple[str, int], Lane] = {}
+        self._entries: dict[tuple[str, str], tuple[int, dict[Lane, int]]] = {}
 
     # ----- setup
 
@@ -455,6 +464,22 @@ class Storage:
                       headers={str(k): str(v) for k, v in headers.items()}, data=msg.data,
                       time=unix_seconds(headers.get("Nats-Time-Stamp", "")))
 
+    def served(self, meta: MailboxMeta, messages: list[Stored]) -> None:
+        """Remember the lanes of ``messages`` (of mailbox ``meta``), just read for a FETCH."""
+        lanes = self._lanes
+        for m in messages:
+            lanes[meta.nonce, m.seq] = m.lane
+        _bound(lanes, _LANES_KEPT)
+
+    async def lane(self, meta: MailboxMeta, seq: int) -> Lane | None:
+        """The lane of the message stored at ``seq``; None when it is gone (and this
+        instance did not serve it)."""
+        lane = self._lanes.get((meta.nonce, seq))
+        if lane is not None:
+            return lane
+        stored = await self.get(meta.address, seq)
+        return None if stored is None else stored.lane
+
     async def get(self, address: str, seq: int) -> Stored | None:
         """The message stored at ``seq``, None when it is gone."""
         msgs = await self.reader.read(self.names.box_stream(address),
@@ -518,48 +543,74 @@ class Storage:
             raise RuntimeError("storage not set up")
         return self._groups
 
-    async def offsets(self, address: str, group: str) -> dict[Lane, int]:
+    async def offsets(self, meta: MailboxMeta, group: str) -> dict[Lane, int]:
         """Next msg_id per lane the group has acknowledged up to (absent: none yet)."""
-        try:
-            entry = await self.groups.get(self.names.group_key(address, group))
-        except KeyNotFoundError:
-            return {}
-        return _decode_offsets(entry.value)
+        known = (meta.nonce, self.names.group_key(meta.address, group))
+        entry = await self._entry(known)
+        return {} if entry is None else dict(entry[1])
 
-    async def advance(self, address: str, group: str, lanes: tuple[Lane, ...],
+    async def _entry(self, known: tuple[str, str]) -> tuple[int, dict[Lane, int]] | None:
+        """The group offsets entry ``known`` as stored now (revision, offsets), remembered;
+        None when there is none."""
+        try:
+            entry = await self.groups.get(known[1])
+        except KeyNotFoundError:
+            self._entries.pop(known, None)
+            return None
+        found = (int(entry.revision or 0), _decode_offsets(entry.value))
+        self._remember_entry(known, found)
+        return found
+
+    def _remember_entry(self, known: tuple[str, str], entry: tuple[int, dict[Lane, int]]
+                        ) -> None:
+        self._entries.pop(known, None)
+        self._entries[known] = entry
+        _bound(self._entries, _ENTRIES_KEPT)
+
+    async def advance(self, meta: MailboxMeta, group: str, lanes: tuple[Lane, ...],
                       next_id: int) -> None:
         """Move the group's offset of ``lanes`` to at least ``next_id`` (compare-and-set,
-        retried with a little jitter while other ACKs of the same group win)."""
-        key = self.names.group_key(address, group)
-        for attempt in range(_CAS_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt, 10)))
-            try:
-                entry = await self.groups.get(key)
-                current, revision = _decode_offsets(entry.value), entry.revision
-            except KeyNotFoundError:
-                current, revision = {}, None
-            except APIError:
-                continue  # a read racing a concurrent first write: read again
+        retried with a little jitter while other ACKs of the same group win).
+
+        The first attempt sets from the entry last seen here, without reading it: when
+        another ACK (of any instance) changed it since, the set fails and the entry is
+        read. Offsets only grow, so an entry seen here that already covers ``next_id``
+        still does; it is read anyway, to answer from what is stored."""
+        key = self.names.group_key(meta.address, group)
+        known = (meta.nonce, key)
+        seen = self._entries.get(known)
+        conflicts = 0
+        for _ in range(_CAS_ATTEMPTS):
+            fresh = seen is None or all(seen[1].get(lane, -1) >= next_id for lane in lanes)
+            if fresh:
+                try:
+                    seen = await self._entry(known)
+                except APIError:
+                    continue  # a read racing a concurrent first write: read again
+            revision, current = seen if seen is not None else (None, {})
             if all(current.get(lane, -1) >= next_id for lane in lanes):
                 return
+            current = dict(current)
             for lane in lanes:
                 current[lane] = max(current.get(lane, 0), next_id)
             value = json.dumps({lane.value: n for lane, n in current.items()}).encode()
             try:
                 if revision is None:
-                    await self.groups.create(key, value)
+                    revision = await self.groups.create(key, value)
                 else:
-                    await self.groups.update(key, value, last=revision)
+                    revision = await self.groups.update(key, value, last=revision)
+                self._remember_entry(known, (int(revision), current))
                 return
-            except KeyWrongLastSequenceError:
-                continue
             except APIError as exc:
-                if exc.err_code == 10071:  # wrong last sequence: another ACK won
-                    continue
-                if _is_full(exc):
-                    raise LimitReached("too many consumer groups") from exc
-                raise StorageError(exc.description or str(exc)) from exc
+                # 10071: wrong last sequence, another ACK won (KeyWrongLastSequenceError)
+                if not isinstance(exc, KeyWrongLastSequenceError) and exc.err_code != 10071:
+                    if _is_full(exc):
+                        raise LimitReached("too many consumer groups") from exc
+                    raise StorageError(exc.description or str(exc)) from exc
+            seen = None
+            if fresh:  # a real race (not just an old entry): back off a little
+                conflicts += 1
+                await asyncio.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
         raise StorageError("group offset update kept conflicting")
 
     # ----- agents
@@ -615,6 +666,12 @@ class Storage:
             if len(msgs) < 500:
                 return out
             seq = int((msgs[-1].headers or {}).get("Nats-Sequence", "0")) + 1
+
+
+def _bound(table: dict[Any, Any], most: int) -> None:
+    """Drop the oldest entries of ``table`` beyond ``most``."""
+    while len(table) > most:
+        del table[next(iter(table))]
 
 
 def _decode_offsets(raw: bytes | None) -> dict[Lane, int]:
