@@ -103,7 +103,8 @@ class Pipeline:
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )
-        problem = Origin(env.transport, env.channel, env.thread, env.native_id).problem()
+        origin = Origin(env.transport, env.channel, env.thread, env.native_id)
+        problem = origin.problem()
         problem = problem or size_problem("author id", env.author.id, AUTHOR_ID_MAX_BYTES)
         if problem is not None:
             return self._count(await self._too_long(env, problem))
@@ -160,7 +161,7 @@ class Pipeline:
             )
         cap = self._config.policy.max_blocks_per_message
         for msg in parsed.messages[:cap]:
-            results.append(await self._handle_message(env, msg))
+            results.append(await self._handle_message(env, msg, origin))
         if len(parsed.messages) > cap:
             results.append(await self._too_many_blocks(env, parsed.messages[cap:], cap))
         return self._count(_combine(results))
@@ -263,7 +264,8 @@ class Pipeline:
 
     # -- one message ----------------------------------------------------------------
 
-    async def _handle_message(self, env: Envelope, msg: Message) -> Disposition:
+    async def _handle_message(self, env: Envelope, msg: Message, origin: Origin
+                              ) -> Disposition:
         rejection = await self._authenticate(env, msg)
         if rejection is None and msg.type in DEPTH_BOUNDED_TYPES and msg.depth.at_limit:
             rejection = _Rejection(
@@ -274,7 +276,6 @@ class Pipeline:
         if rejection is not None:
             return await self._reject(env, msg, rejection)
         fp, rendered = fingerprint_and_render(msg)
-        origin = Origin(env.transport, env.channel, env.thread, env.native_id)
         address = env.address  # (a new Address on every access)
         targets = await self._targets(msg, address, None)
         if not msg.is_broadcast and not any(r for _, r in targets):

@@ -43,8 +43,14 @@ class Origin:
 
     def problem(self) -> str | None:
         """Why this origin may not be stored (a field over ``ORIGIN_MAX_BYTES``), or None."""
-        for name, limit in ORIGIN_MAX_BYTES.items():
-            found = size_problem(name.replace("_", " "), getattr(self, name), limit)
+        # Checked for every message: at most 4 bytes a character, so short fields (all
+        # but hostile ones) need no look at the limits one by one.
+        if (len(self.transport) <= _SHORT_TRANSPORT and len(self.channel) <= _SHORT_FIELD
+                and len(self.thread or "") <= _SHORT_FIELD
+                and len(self.native_id or "") <= _SHORT_FIELD):
+            return None
+        for name, what, limit in _ORIGIN_LIMITS:
+            found = size_problem(what, getattr(self, name), limit)
             if found is not None:
                 return found
         return None
@@ -70,6 +76,12 @@ ORIGIN_MAX_BYTES: dict[str, int] = {
 """Bytes (UTF-8) each transport-supplied field of a conversation may take (docs/state.md).
 Longer ones are refused, never cut: a cut native id would break deduplication, a cut
 thread or channel would send replies elsewhere."""
+# (field, how a refusal names it, limit), and the lengths in characters that always fit.
+_ORIGIN_LIMITS = tuple((name, name.replace("_", " "), limit)
+                       for name, limit in ORIGIN_MAX_BYTES.items())
+_SHORT_TRANSPORT = ORIGIN_MAX_BYTES["transport"] // 4
+_SHORT_FIELD = min(ORIGIN_MAX_BYTES["channel"], ORIGIN_MAX_BYTES["thread"],
+                   ORIGIN_MAX_BYTES["native_id"]) // 4
 
 
 @dataclass(frozen=True)

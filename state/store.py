@@ -12,7 +12,8 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from functools import partial
+from functools import lru_cache, partial
+from json import encoder
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +85,26 @@ _Results = list[ApplyResult]
 _Call = tuple[list[str], list[str | int | float]]
 _to_json = json.JSONEncoder(ensure_ascii=False).encode
 """JSON with text as UTF-8 (one encoder made once: json.dumps with options builds one a call)."""
+_json_str = encoder.encode_basestring
+"""One string as JSON, text as UTF-8 (what _to_json writes for a string)."""
 _STATUSES: dict[str | bytes, ConvStatus] = {
     **{s.value: s for s in ConvStatus}, **{s.value.encode(): s for s in ConvStatus}}
 _OUTCOMES: dict[str | bytes, Outcome] = {
     **{o.value: o for o in Outcome}, **{o.value.encode(): o for o in Outcome}}
 
 
+@lru_cache(maxsize=16)
+def _guard_json(limit: int, window: float, cooldown: float) -> str:
+    """apply.lua's loop guard argument (a gateway sends the same one with every message)."""
+    return _to_json([limit, window, cooldown])
+
+
 def _clip(text: str | None, limit: int) -> str:
-    text = " ".join((text or "").split())
+    return _cut(" ".join((text or "").split()), limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` (white space already collapsed) cut to ``limit`` characters."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -108,9 +121,12 @@ def _log_extra(request_id: str, trace_id: str | None, outcome: Outcome, typ: str
 def _message_text(msg: MessageBase) -> tuple[str, str, str]:
     """(task summary, history excerpt, priority) of one message."""
     if isinstance(msg, Request | Handoff):
-        text = msg.task if isinstance(msg, Request) else f"{msg.task} ({msg.reason})" if (
-            msg.reason) else msg.task
-        return _clip(msg.task, TASK_CHARS), _clip(text, EXCERPT_CHARS), str(msg.priority)
+        task = " ".join(msg.task.split())  # collapsed once for the summary and the excerpt
+        if isinstance(msg, Handoff) and msg.reason:
+            excerpt = _clip(f"{msg.task} ({msg.reason})", EXCERPT_CHARS)
+        else:
+            excerpt = _cut(task, EXCERPT_CHARS)
+        return _cut(task, TASK_CHARS), excerpt, str(msg.priority)
     if isinstance(msg, Broadcast):
         urgency = str(msg.urgency) if msg.urgency else "normal"
         return _clip(msg.message, TASK_CHARS), _clip(msg.message, EXCERPT_CHARS), urgency
@@ -267,9 +283,9 @@ class ConversationStore:
             return self._too_long(msg, problem)
         keys, args = self._message_call(msg, origin, now, fingerprint, journal)
         if budget is not None:
-            keys.extend(self.keys.budget(n) for n in budget.names)
+            keys += [self.keys.budget(n) for n in budget.names]
             args[0] = len(keys)
-            args[3] = _to_json([budget.limit, budget.window, budget.cooldown])
+            args[3] = _guard_json(budget.limit, budget.window, budget.cooldown)
         return self._result(msg.request_id, msg.trace_id, str(msg.type),
                             await self._apply_one(keys=keys, args=args))
 
@@ -330,14 +346,18 @@ class ConversationStore:
         its key count, one JSON array (order documented there), its journal entry and no
         loop guard ("")."""
         at = round(time.time() if now is None else now, 3)
-        fields = _to_json([
-            typ, request_id, sender, to, depth, max_depth, status, priority, task, excerpt,
-            fp, at, origin.transport, origin.channel, origin.thread or "",
-            origin.native_id or "", trace_id or "",
-        ])
-        keys = _to_json([name_key(sender), name_key(to)])
-        args: list[str | int | float] = [
-            2, fields[:-1] + ", " + self._tail[:-1] + ", " + keys[1:], journal, ""]
+        # The array written out by hand, each string through the json module's own
+        # encoder (what _to_json makes of the list, at about half the cost: once per
+        # message). The numbers are ints and a finite float, whose repr is their JSON.
+        q = _json_str
+        fields = (
+            f"[{q(typ)},{q(request_id)},{q(sender)},{q(to)},{int(depth)},{int(max_depth)},"
+            f"{q(status)},{q(priority)},{q(task)},{q(excerpt)},{q(fp)},{at!r},"
+            f"{q(origin.transport)},{q(origin.channel)},{q(origin.thread or '')},"
+            f"{q(origin.native_id or '')},{q(trace_id or '')},{self._tail[:-1]},"
+            f"{q(name_key(sender))},{q(name_key(to))}]"
+        )
+        args: list[str | int | float] = [2, fields, journal, ""]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
 
     def _too_long(self, msg: Message, problem: str) -> ApplyResult:
