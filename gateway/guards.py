@@ -16,12 +16,17 @@ A message counts against two budgets, and passes only when both allow it:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from gateway.config import PolicySection
 from protocol import name_key
 from state.keys import hash_tag
 from state.records import Budget
 
 
+# Remembered: an agent pair sends many messages, and the keys are a pure function of the
+# names (bounded: identities come from outside).
+@lru_cache(maxsize=4096)
 def budget_names(sender: str, recipient: str, identity: str | None) -> tuple[str, ...]:
     """The budget keys one message from ``sender`` (as ``identity``) to ``recipient`` uses.
 
