@@ -180,6 +180,10 @@ class Metrics:
         self._scrape_lock = asyncio.Lock()
         # Label children by (metric, labels); only bounded label sets go through it.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # Increments of the per-message counters not yet added to their children, by
+        # (metric, labels): a dict update per message instead of the library's locked
+        # increment, added in (``fold``) when scraped. Bounded like ``_children``.
+        self._pending: Counter[tuple[Any, tuple[str, ...]]] = Counter()
         r = self.registry = CollectorRegistry(auto_describe=True)
         dest = ["transport", "destination"]
         self._in = PromCounter(
@@ -226,11 +230,18 @@ class Metrics:
     def count(self, outcome: str) -> None:
         """Count one envelope's outcome."""
         self.outcomes[outcome] += 1
-        self._child(self._dispositions, outcome).inc()
+        self._pending[(self._dispositions, (outcome,))] += 1
 
     def received(self, transport: str, kind: str) -> None:
         """Count one inbound message of ``kind`` (a protocol type, command, chat, ...)."""
-        self._child(self._in, transport, kind).inc()
+        self._pending[(self._in, (transport, kind))] += 1
+
+    def fold(self) -> None:
+        """Add the counts ``count``, ``received`` and ``sent`` gathered since the last
+        call to their Prometheus counters (``scrape`` does it first)."""
+        pending, self._pending = self._pending, Counter()
+        for (metric, labels), n in pending.items():
+            self._child(metric, *labels).inc(n)
 
     def parse_errors(self, codes: Iterable[str]) -> None:
         """Count parse errors by code."""
@@ -239,7 +250,7 @@ class Metrics:
 
     def sent(self, transport: str, kind: str, committed_at: float) -> None:
         """Count one delivery and its latency from the commit (epoch seconds)."""
-        self._child(self._out, transport, kind).inc()
+        self._pending[(self._out, (transport, kind))] += 1
         self._child(self._latency, transport).observe(max(0.0, time.time() - committed_at))
 
     def retried(self, dest: str) -> None:
@@ -284,6 +295,7 @@ class Metrics:
             if now - self._read_at >= SCRAPE_MIN_SECONDS:
                 self.reading = await read()
                 self._read_at = now
+            self.fold()
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     async def violations_last_hour(self) -> dict[str, int]:
