@@ -463,8 +463,10 @@ class Adapter(ABC):
 
         Returns one ``Receipt`` per message delivered, in order; a delivery that failed
         ends the list with its ``DeliveryError`` and the messages after it are not tried.
-        The default sends one by one; a transport that can do better sets
-        ``capabilities.batched_sends``.
+        A transport that sends different conversations side by side may go on past the
+        first failure: the outcomes stay positional, and a ``Receipt`` after it is a
+        message delivered all the same (anything else there: not delivered). The default
+        sends one by one; a transport that can do better sets ``capabilities.batched_sends``.
         """
         out: list[Receipt | DeliveryError] = []
         for message in messages:

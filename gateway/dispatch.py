@@ -377,7 +377,7 @@ class Dispatcher:
             done = await self._sent_before(dest, items) if replay else [None] * len(items)
             start = 0
             while start < len(items):
-                sent, failed = await self._deliver_in_order(
+                sent, failed, later = await self._deliver_in_order(
                     dest, items[start:], done[start:], writes
                 )
                 if failed is None:
@@ -385,17 +385,23 @@ class Dispatcher:
                 at = start + sent
                 if failed.attempts >= self._s.max_attempts:
                     await self._bury(dest, failed)
+                    # What went out beside the failed one (another conversation) is done.
+                    done = [*done[:at + 1], *(later.get(i - at - 1, done[i])
+                                              for i in range(at + 1, len(items)))]
                     start = at + 1
                     continue
-                await self._enqueue_retry(dest, [failed, *items[at + 1:]])
+                rest = [item for i, item in enumerate(items[at + 1:]) if i not in later]
+                await self._enqueue_retry(dest, [failed, *rest])
                 return
 
     async def _deliver_in_order(
         self, dest: str, items: Sequence[Item], done: Sequence[Receipt | None], writes: _Writes
-    ) -> tuple[int, Item | None]:
+    ) -> tuple[int, Item | None, dict[int, Receipt]]:
         """Deliver ``items`` in order until one fails (``done``: receipts of those sent
-        before a crash); how many went through, and the failed one with its attempt
-        counted (None when all went through)."""
+        before a crash); how many went through, the failed one with its attempt counted
+        (None when all went through), and the receipts of items after it that went out
+        all the same (a transport that sends conversations side by side), by their
+        position after the failed one; those are recorded too."""
         sent = 0
         while sent < len(items):
             receipt = done[sent]
@@ -407,12 +413,18 @@ class Dispatcher:
             while end < len(items) and done[end] is None:
                 end += 1
             run = items[sent:end]
-            for item, outcome in zip(run, await self._send_run(run), strict=False):
+            outcomes = await self._send_run(run)
+            for i, (item, outcome) in enumerate(zip(run, outcomes, strict=False)):
                 if not isinstance(outcome, Receipt):
-                    return sent, self._failed(item, outcome)
+                    later: dict[int, Receipt] = {}
+                    for j, after in enumerate(outcomes[i + 1:]):
+                        if isinstance(after, Receipt):
+                            self._record(dest, run[i + 1 + j], after, writes)
+                            later[j] = after
+                    return sent, self._failed(item, outcome), later
                 self._record(dest, item, outcome, writes)
                 sent += 1
-        return sent, None
+        return sent, None, {}
 
     async def _send_run(self, items: Sequence[Item]) -> list[Receipt | Exception]:
         """Send ``items`` (one destination) in order until one fails; their outcomes, at
@@ -604,7 +616,9 @@ class Dispatcher:
         through (or was dead-lettered) and note why the head is still blocked."""
         writes: _Writes = []
         done = await self._sent_before(dest, ready)
-        sent, failed = await self._deliver_in_order(dest, ready, done, writes)
+        # Items behind the head that go out beside a failed one (``later``) stay queued
+        # and recorded: the next pass finds their record and does not send them again.
+        sent, failed, _later = await self._deliver_in_order(dest, ready, done, writes)
         buried = failed is not None and failed.attempts >= self._s.max_attempts
         if buried:
             assert failed is not None

@@ -15,6 +15,7 @@ import pytest
 from adapters.base import (
     Adapter,
     Address,
+    Capabilities,
     DeliveryError,
     GatewaySink,
     HealthState,
@@ -24,7 +25,7 @@ from adapters.base import (
     register_adapter,
 )
 from gateway.app import Gateway
-from gateway.outbox import OutboxKeys, items_of, journal_entry
+from gateway.outbox import Outbox, OutboxKeys, items_of, journal_entry
 from protocol import build_request, parse, render, reply_response
 from state.records import Origin, Outcome
 
@@ -66,7 +67,34 @@ class FlakyAdapter(Adapter):
         return Receipt((f"{self.name}-{self._ids}",))
 
 
-def _config(cfg: tuple[str, str, Path], **outbox: Any) -> Any:
+@register_adapter("sidebyside")
+class SideBySideAdapter(FlakyAdapter):
+    """Sends a batch's conversations side by side: a refused message stops only its own
+    conversation, the others' messages after it go out all the same (as the mq9 bridge)."""
+
+    capabilities = Capabilities(batched_sends=True)
+
+    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name, options)
+        self.refuse = set((options or {}).get("refuse", ()))  # texts refused once each
+
+    async def send_batch(self, messages: Any) -> list[Receipt | DeliveryError]:
+        out: list[Receipt | DeliveryError] = []
+        stopped: set[str | None] = set()
+        for message in messages:
+            if message.request_id in stopped:
+                out.append(DeliveryError("not tried"))
+            elif message.text in self.refuse:
+                self.refuse.discard(message.text)
+                stopped.add(message.request_id)
+                out.append(DeliveryError("refused once", retry_after=0.05))
+            else:
+                out.append(await self.send(message))
+        return out
+
+
+def _config(cfg: tuple[str, str, Path], far: dict[str, Any] | None = None, **outbox: Any
+            ) -> Any:
     redis_url, namespace, tmp_path = cfg
     return make_config(
         redis_url,
@@ -76,7 +104,7 @@ def _config(cfg: tuple[str, str, Path], **outbox: Any) -> Any:
             "Lotbot": {"addresses": ["chat:main"], "identities": ["chat:u-lot"]},
             "Mantis": {"addresses": ["far:mantis-room"], "identities": ["far:u-mantis"]},
         },
-        transports={"chat": {"kind": "memory"}, "far": {"kind": "flaky"}},
+        transports={"chat": {"kind": "memory"}, "far": far or {"kind": "flaky"}},
         outbox={"backoff_base_seconds": 0.02, "backoff_max_seconds": 0.1, **outbox},
         permissions={"read": ["*"], "operators": ["chat:op"]},
     )
@@ -131,6 +159,26 @@ async def test_failing_destination_gets_everything_in_order_after_it_recovers(
                 break
             await asyncio.sleep(0.02)
         assert stats["queued"] == {} and stats["blocked"] == {}
+
+
+async def test_a_refusal_holds_back_its_own_conversation_only(cfg, redis_client) -> None:
+    """A transport that sends conversations side by side: what went out beside a refused
+    message is recorded and never sent again; the refused conversation follows in order."""
+    _, namespace, _ = cfg
+    # Journaled before the gateway starts, so the dispatcher reads them in one batch.
+    await Outbox(redis_client, namespace).enqueue([
+        journal_entry(f"{conv}-{i}", OutboundKind.PROTOCOL,
+                      [("far", "mantis-room", "", "Mantis", "")], request_id=conv)
+        for i in range(2) for conv in ("a", "b")])
+    config = _config(cfg, far={"kind": "sidebyside", "refuse": ["a-0"]})
+    async with running(config) as gw:
+        far = gw.adapters["far"]
+        assert isinstance(far, SideBySideAdapter)
+        await _until(lambda: len(far.sent) == 4)
+        await gw.drain()
+        await asyncio.sleep(0.2)  # a second delivery would have come by now
+        assert [o.text for o in far.sent] == ["b-0", "b-1", "a-0", "a-1"]
+        assert far.failures == 0 and (await gw.outbox.stats())["queued"] == {}
 
 
 async def test_destination_that_never_recovers_is_dead_lettered_and_resendable(

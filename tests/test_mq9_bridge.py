@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from mq9wire import Mq9Wire
 
-from adapters.base import Outbound
+from adapters.base import Address, Outbound, Receipt
 from adapters.http import HttpAdapter
 from adapters.mq9 import BridgeSettings, Mq9Bridge, start_service, stop_service
 from adapters.mq9.acking import ack_plan
@@ -161,6 +161,32 @@ async def test_agent_known_by_name_is_found_with_discover(
         got = await fetch_one(wire, agent_box)
         assert parse(got["payload"]).messages == [req]
         assert got["priority"] == "critical"
+
+
+async def test_a_batch_keeps_each_conversation_in_order(
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+) -> None:
+    """One mailbox, several conversations: each conversation's messages are stored in
+    order, and a message of no conversation after everything before it, before the rest."""
+    gw_box, agent_box = f"gw.{uid()}", f"order.{uid()}"
+    config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, {})
+    convs = ["c0", "c1", "c2"]
+    texts = [(f"{c}-{i}", c) for i in range(5) for c in convs]
+    texts.insert(7, ("alone", None))
+    async with running(config) as gw:
+        assert (await wire.create(agent_box, ttl=0))["error"] == ""
+        bridge = gw.adapters["mq9"]
+        out = await bridge.send_batch([
+            Outbound(Address("mq9", agent_box), text, request_id=conv, id=f"1-{n}")
+            for n, (text, conv) in enumerate(texts)])
+        assert all(isinstance(o, Receipt) for o in out) and len(out) == len(texts)
+        reply = await wire.fetch(agent_box, config={"num_msgs": 100})
+        stored = [m["payload"] for m in reply["messages"]]
+    assert sorted(stored) == sorted(t for t, _ in texts)
+    for c in convs:
+        assert [t for t in stored if t.startswith(c)] == [f"{c}-{i}" for i in range(5)]
+    alone = stored.index("alone")
+    assert set(stored[:alone]) == {t for t, _ in texts[:7]}
 
 
 async def test_undeclared_mq9_agent_gets_an_identity_and_replies_reach_it(

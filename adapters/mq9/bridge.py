@@ -69,6 +69,7 @@ DISCOVER_PREFIX = "@"
 DISCOVER_CACHE_MAX = 1024
 PROBE_SECONDS = 3.0
 CLOSE_SECONDS = 5.0
+NOT_TRIED = "not sent: an earlier message of its conversation was refused"
 # Protocol priority -> mq9-priority (anything else: normal).
 PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: "urgent"}
 
@@ -389,20 +390,44 @@ class Mq9Bridge(Adapter):
         return result
 
     async def send_batch(self, messages: Sequence[Outbound]) -> list[Receipt | DeliveryError]:
-        """SEND ``messages`` (one mailbox) in order, their deadlines looked up at once;
-        stops at the first refusal."""
-        out: list[Receipt | DeliveryError] = []
+        """SEND ``messages`` (one mailbox), their deadlines looked up at once: each
+        conversation's messages in order, one SEND answered before the next (so any
+        broker stores them in order), different conversations side by side. A message of
+        no conversation goes alone, after everything before it. After a refusal, nothing
+        more of that conversation is tried, nor anything after the message of no
+        conversation that follows; the outcomes are positional (see ``Adapter.send_batch``)."""
         try:
             ttls = await self._ttls(messages)
         except DeliveryError as exc:
             return [exc]
-        for message, ttl in zip(messages, ttls, strict=True):
-            try:
-                out.append(await self._send_one(message, ttl))
-            except DeliveryError as exc:
-                out.append(exc)
+        out: list[Receipt | DeliveryError | None] = [None] * len(messages)
+        start = 0
+        while start < len(messages):
+            end = start + 1
+            if messages[start].request_id is not None:
+                while end < len(messages) and messages[end].request_id is not None:
+                    end += 1
+            chains: dict[str | None, list[int]] = {}
+            for i in range(start, end):
+                chains.setdefault(messages[i].request_id, []).append(i)
+            await asyncio.gather(*(self._send_chain(messages, ttls, chain, out)
+                                   for chain in chains.values()))
+            if any(isinstance(o, DeliveryError) for o in out[start:end]):
                 break
-        return out
+            start = end
+        while out and out[-1] is None:
+            out.pop()
+        return [DeliveryError(NOT_TRIED) if o is None else o for o in out]
+
+    async def _send_chain(self, messages: Sequence[Outbound], ttls: Sequence[int | None],
+                          chain: list[int], out: list[Receipt | DeliveryError | None]) -> None:
+        """SEND the messages at ``chain`` (one conversation) in order, until a refusal."""
+        for i in chain:
+            try:
+                out[i] = await self._send_one(messages[i], ttls[i])
+            except DeliveryError as exc:
+                out[i] = exc
+                return
 
     async def _send_one(self, message: Outbound, ttl: int | None) -> Receipt:
         address = await self._resolve(message.address.channel)
