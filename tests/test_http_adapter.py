@@ -33,6 +33,7 @@ from adapters.base import (
     create_adapter,
 )
 from adapters.http import HttpAdapter
+from adapters.http.auth import Caller, TokenAuth
 from adapters.http.server import answer_json
 from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as
 
@@ -406,6 +407,21 @@ async def test_unknown_route_and_method(adapter: HttpAdapter, api: Api) -> None:
     async with api.session.delete(f"{api.base}/v1/messages", headers=auth(ALICE)) as resp:
         assert resp.status == 405 and "POST" in resp.headers["Allow"]
         assert (await resp.json())["error"]["code"] == "method_not_allowed"
+
+
+def test_token_auth_reads_every_spelling_of_the_header() -> None:
+    auth_ = TokenAuth({"alice": "tok-alice-1", "pad": " tok-pad-1"}, {"ops": "tok-ops-1"})
+    alice, ops = Caller("alice", is_operator=False), Caller("ops", is_operator=True)
+    for header in ("Bearer tok-alice-1", "bearer tok-alice-1", "BEARER   tok-alice-1  "):
+        assert auth_.identify(header) == alice
+    assert auth_.identify("Bearer tok-ops-1") == ops
+    for header in (None, "", "Bearer", "Bearer ", "Basic tok-alice-1", "Bearer tok-alice-",
+                   "Bearer tok-alice-1x", "Bearertok-alice-1", "tok-alice-1"):
+        assert auth_.identify(header) is None
+    # A configured token with a leading blank can not be presented (the header is read
+    # stripped), however the header is written.
+    assert auth_.identify("Bearer  tok-pad-1") is None
+    assert auth_.identify("Bearer tok-pad-1") is None
 
 
 @pytest.mark.parametrize(
