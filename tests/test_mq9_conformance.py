@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 from mq9wire import Mq9Wire, ids, payloads
+from nats.aio.client import Client
 
 from adapters.mq9 import Mq9Service, ServiceSettings, start_service, stop_service
+from adapters.mq9.connection import Mq9Connection, parse_header_lines, parser_replaced
 from adapters.mq9.names import LANES, Lane
 
 from servers import PrivateNats
@@ -502,6 +504,26 @@ async def test_base64_payload_option(services: Starter, mq9_nats: str) -> None:
             b"\x00\xffraw"]
     finally:
         await mq9.close()
+
+
+HEADER_BLOCKS = [
+    b"", b"\r\n", b"a: b\r\n\r\n", b"mq9-reply-to: x.y\r\nbpgw-id: 1-2\r\nmq9-tags: a, b\r\n",
+    b"Name:Value\r\nName2:\tv2 \r\n", b"no colon\r\n: empty name\r\n", b"k: v: w\r\n",
+    b"bad name: x\r\n\tlead: y\r\n\x1csep: z\r\nok: 1\r\n", b"caf\xc3\xa9: x\r\nk: \xff\xfe\r\n",
+    b"dup: 1\r\ndup: 2\r\n", b"Nats-Sequence: 7\r\nNats-Time-Stamp: 2026-01-01T00:00:00Z\r\n",
+    b"k: caf\xc3\xa9 \r\n  spaced  :  v  \r\nx\x85y: 1\r\nv\x0bt: 2\r\n",
+]
+
+
+@pytest.mark.parametrize("raw", HEADER_BLOCKS)
+def test_header_parsing_is_the_librarys(raw: bytes) -> None:
+    """The service's header parser answers exactly what nats-py's own does (while nats-py
+    has the parser it replaces; else the library's runs and this compares nothing)."""
+    if not parser_replaced:
+        assert Mq9Connection._parse_header_lines is Client._parse_header_lines
+        return
+    assert parse_header_lines(raw) == Client._parse_header_lines(raw)
+    assert Mq9Connection._parse_header_lines(raw) == parse_header_lines(raw)
 
 
 # ----- several instances, restarts

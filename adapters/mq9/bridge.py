@@ -29,8 +29,6 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import nats
-import nats.errors
 from nats.aio.client import Client
 
 from adapters.base import (
@@ -56,6 +54,7 @@ from adapters.mq9.client import (
     Mq9Error,
     Mq9Unavailable,
 )
+from adapters.mq9.connection import connect
 from adapters.mq9.embedded import EmbeddedNats, nats_server_binary, start_embedded_nats
 from adapters.mq9.names import address_problem
 from adapters.mq9.service import Mq9Service, start_service, stop_service
@@ -176,7 +175,7 @@ class Mq9Bridge(Adapter):
 
     async def _connect(self, *, reconnect: bool = True) -> Client:
         servers = [self.url] if self.settings.embedded else self.settings.servers
-        return await nats.connect(
+        return await connect(
             servers,
             name=f"bpgw {self.name}",
             allow_reconnect=reconnect,

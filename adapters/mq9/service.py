@@ -20,6 +20,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from adapters.mq9.connection import connect
 from adapters.mq9.names import (
     API_PREFIX,
     LANES,
@@ -565,7 +566,7 @@ async def start_service(nats_url: str, settings: ServiceSettings | None = None,
                         **connect_options: Any) -> Mq9Service:
     """Connect to ``nats_url`` and start a service instance; ``await service.stop()`` and
     ``await service.nc.close()`` (or :func:`stop_service`) end it."""
-    nc = await nats.connect(nats_url, max_reconnect_attempts=-1, **connect_options)
+    nc = await connect(nats_url, max_reconnect_attempts=-1, **connect_options)
     service = Mq9Service(nc, settings or ServiceSettings())
     try:
         await service.start()
