@@ -33,18 +33,22 @@ class ScriptBatcher:
     """Calls ``script`` like ``await script(keys=..., args=...)``, batching concurrent calls.
 
     With ``merged_head`` the script takes a batch (see the module docstring): ``args`` of
-    a call are its own part only, the head is prepended once per batch.
+    a call are its own part only, the head is prepended once per batch. With
+    ``max_in_flight`` at most that many sends are out at a time; calls made meanwhile
+    wait and go together when one returns (fewer, larger batches under load).
     """
 
     def __init__(self, redis: aioredis.Redis, script: AsyncScript, max_batch: int = 256,
-                 *, merged_head: list[Any] | None = None) -> None:
+                 *, merged_head: list[Any] | None = None,
+                 max_in_flight: int | None = None) -> None:
         self._redis = redis
         self._script = script
         self._max_batch = max_batch
         self._head = merged_head
+        self._max_in_flight = max_in_flight or 1 << 30
         self._pending: list[_Call] = []
         self._scheduled = False
-        self._in_flight = 0  # sends (single or batched) awaiting their replies
+        self._in_flight = 0  # sends (single or batched) started and awaiting their replies
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __call__(self, *, keys: list[str], args: list[Any]) -> Any:
@@ -56,7 +60,7 @@ class ScriptBatcher:
             try:
                 [reply] = await self._run([(keys, args)])
             finally:
-                self._in_flight -= 1
+                self._sent()
             if isinstance(reply, Exception):
                 raise reply
             return reply
@@ -80,16 +84,26 @@ class ScriptBatcher:
 
     def _flush(self) -> None:
         self._scheduled = False
-        pending, self._pending = self._pending, []
-        for start in range(0, len(pending), self._max_batch):
-            task = asyncio.get_running_loop().create_task(
-                self._send(pending[start : start + self._max_batch])
-            )
+        # With max_in_flight batches on their way the calls wait for one of them to
+        # return (which flushes again): the server runs scripts one after the other
+        # anyway, so waiting costs no throughput, and the calls gathered meanwhile go as
+        # one batch instead of one small batch per loop iteration.
+        while self._pending and self._in_flight < self._max_in_flight:
+            batch = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _sent(self) -> None:
+        """One send returned: flush what waited for it."""
+        self._in_flight -= 1
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     async def _send(self, batch: list[_Call]) -> None:
-        self._in_flight += 1
         try:
             replies = await self._run([(keys, args) for keys, args, _ in batch])
         except BaseException as exc:  # the connection failed: every caller gets the error
@@ -100,7 +114,7 @@ class ScriptBatcher:
                 raise
             return
         finally:
-            self._in_flight -= 1
+            self._sent()
         for (_, _, future), reply in zip(batch, replies, strict=True):
             if future.done():  # the caller was cancelled; the script ran all the same
                 continue

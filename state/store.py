@@ -52,6 +52,11 @@ EXCERPT_CHARS = 60
 """Characters of message text kept in each history event."""
 TASK_CHARS = 120
 """Characters of the task kept as the conversation's summary."""
+APPLY_IN_FLIGHT = 1
+"""Batches of applies on their way to Redis at a time (state/batching.py): the server runs
+them one after the other anyway, and what arrives meanwhile makes the next batch larger,
+which costs the server less Lua per message (its per-batch index writes shared by more
+messages)."""
 LUA_DIR = Path(__file__).parent / "lua"
 """Folder of the store's Lua scripts (common.lua holds the helpers every script shares)."""
 # Fixed display order of the active statuses (oldest-first listings merge these).
@@ -252,7 +257,8 @@ class ConversationStore:
         # Messages go through the batcher: concurrent applies become one call of the
         # batch script (one atomic step writing the indices they share once).
         self._apply_one = ScriptBatcher(redis, redis.register_script(load_script("apply")),
-                                        merged_head=[self.keys.prefix])
+                                        merged_head=[self.keys.prefix],
+                                        max_in_flight=APPLY_IN_FLIGHT)
         self._claim = redis.register_script(load_script("claim"))
         self._purge = redis.register_script(load_script("purge"))
         self._load = redis.register_script(load_script("load"))
