@@ -77,6 +77,10 @@ INBOX_MAX_BATCH = 1000
 DEFAULT_INBOX_BATCH = 100
 PAGE_MAX = 1000
 DEFAULT_PAGE = 50
+# Headers of a JSON answer as aiohttp writes them for ``text=..., content_type=JSON_TYPE``
+# (the 503's Retry-After first, as before), built once for the answer to every post.
+_JSON_HEADERS: Mapping[str, str] = {hdrs.CONTENT_TYPE: f"{JSON_TYPE}; charset=utf-8"}
+_RETRY_JSON_HEADERS: Mapping[str, str] = {"Retry-After": str(RETRY_AFTER_SECONDS), **_JSON_HEADERS}
 # How long stop() lets in-flight requests finish before cancelling them.
 SHUTDOWN_SECONDS = 5.0
 
@@ -533,17 +537,16 @@ class HttpAdapter(Adapter):
                 disposition.outcome,
                 extra={"request_id": ",".join(disposition.request_ids) or None},
             )
-        headers = {}
+        headers = _JSON_HEADERS
         if disposition.outcome in FAILED_OUTCOMES:
             status = 503
-            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            headers = _RETRY_JSON_HEADERS
         elif disposition.outcome in REFUSED_OUTCOMES:
             status = 422
         else:
             status = 200
         return web.Response(
-            text=answer_json(native_id, disposition), status=status, headers=headers,
-            content_type=JSON_TYPE,
+            body=answer_json(native_id, disposition).encode(), status=status, headers=headers
         )
 
     async def _inbox_owner(self, request: web.Request) -> str:
