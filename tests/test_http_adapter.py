@@ -452,6 +452,39 @@ async def test_any_target_and_method_is_answered_in_the_error_shape(
         assert b"\r\nAllow: " + allow.encode() + b"\r\n" in top
 
 
+@pytest.mark.parametrize(
+    ("target", "expect", "status"),
+    [
+        ("/v1/messages?x=1", False, 200),
+        ("/v1/%6Dessages", False, 200),  # decoded as the router decodes it
+        ("http://x/v1/messages", False, 200),  # absolute form
+        ("/v1/messages", True, 200),  # Expect: 100-continue is answered first
+        ("/v1%2Fmessages", False, 404),  # an encoded slash is not a path separator
+        ("/V1/messages", False, 404),
+    ],
+)
+async def test_posts_take_the_routers_way_whatever_the_target(
+    adapter: HttpAdapter, sink: RecordingSink, target: str, expect: bool, status: int
+) -> None:
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n"
+            "Content-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n")
+    writer.write((head + ("Expect: 100-continue\r\n" if expect else "") + "\r\nhi").encode())
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    if expect:
+        assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        answer = answer.partition(b"\r\n\r\n")[2]
+    top, _, body = answer.partition(b"\r\n\r\n")
+    assert top.startswith(b"HTTP/1.1 %d " % status)
+    if status == 200:
+        assert json.loads(body)["outcome"] == "accepted"
+        assert [e.text for e in sink.envelopes] == ["hi"]
+    else:
+        assert json.loads(body)["error"]["code"] == "not_found" and not sink.envelopes
+
+
 async def test_sink_failure_is_a_logged_503_never_500(
     adapter: HttpAdapter, sink: RecordingSink, api: Api
 ) -> None:

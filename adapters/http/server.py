@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring as _json_str
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from yarl import URL
 
 log = logging.getLogger("bpgw.adapters.http")
+RequestHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 # Dispositions answered with 422: the gateway looked at the message and refused it.
@@ -287,6 +288,23 @@ class HttpAdapter(Adapter):
         app.router.register_resource(_EveryTarget(serving(_not_found, error_answer)))
         return app
 
+    def _posts_first(self, routed: RequestHandler) -> RequestHandler:
+        """``routed`` (the application's own request handling), but a post of a message,
+        most of the traffic, goes straight to its handler, as the router would send it
+        (the router's path test; an ``Expect`` header, which the application answers
+        first, takes the long way): no routing, match information or response-prepare
+        signals for it (about 5% of the server's instructions per post)."""
+        post = self._guard.serving(self._post_message, error_answer)
+
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            if (request.method == "POST" and request.rel_url.path_safe == "/v1/messages"
+                    and hdrs.EXPECT not in request.headers):
+                # The application's request factory made it: a web.Request.
+                return await post(cast(web.Request, request))
+            return await routed(request)
+
+        return handle
+
     def serve_routes(self, routes: Sequence[WebRoute]) -> None:
         """Serve other transports' webhook routes next to the API (before ``start``)."""
         for route in routes:
@@ -352,6 +370,9 @@ class HttpAdapter(Adapter):
         )
         await runner.setup()
         assert runner.server is not None
+        server = runner.server
+        if hasattr(server, "request_handler"):  # (else every request is routed: no harm)
+            server.request_handler = self._posts_first(server.request_handler)
         try:
             # The listener is ours (not a TCPSite) so the guard sees every connection:
             # aiohttp's server is the protocol factory it wraps.
