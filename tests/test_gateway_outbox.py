@@ -290,6 +290,38 @@ async def test_relays_commit_with_the_state_change(cfg, redis_client) -> None:
         assert b'["chat","main","th-1","Lotbot","n-1"]' in rows[0][1][b"m"]
 
 
+@pytest.mark.parametrize(
+    ("channel", "elsewhere"),
+    [("main", False), ("main", True), ("a/b \"q\"", False), ("a/b", True)],
+)
+async def test_placement_is_resolved_whatever_the_entry_holds(
+    cfg, redis_client, channel: str, elsewhere: bool
+) -> None:
+    """The script skips decoding an entry only when no delivery is on the origin channel:
+    a text or a sender address that looks like such a delivery changes nothing, and a
+    channel JSON escapes is still placed."""
+    async with running(_config(cfg)) as gw:
+        await gw.stop()
+        keys = OutboxKeys(cfg[1])
+        req = build_request(sender="Lotbot", to="Mantis", task="placed")
+        origin = Origin("chat", channel, "th-1", "n-1")
+        decoy = f'"d":[["chat",{json.dumps(channel)},"","x",""]],"s":'
+        deliveries = [("side", "room", "", "Mantis", "")]
+        if not elsewhere:
+            deliveries.append(("chat", channel, "", "Lotbot", ""))
+        entry = journal_entry(decoy, OutboundKind.PROTOCOL, deliveries,
+                              sender_at=Address("chat", channel))
+        applied = await gw_store(cfg).apply(req, origin, journal=entry)
+        assert applied.outcome is Outcome.APPLIED
+        [(_, fields)] = await redis_client.xrange(keys.journal)
+        stored = json.loads(fields[b"m"])
+        assert stored["t"] == decoy
+        expected = [list(d) for d in deliveries]
+        if not elsewhere:
+            expected[1][2:] = ["th-1", "Lotbot", "n-1"]
+        assert stored["d"] == expected
+
+
 def gw_store(cfg: tuple[str, str, Path]) -> Any:
     import redis.asyncio as aioredis
 

@@ -217,9 +217,26 @@ end
 -- delivery d = {transport, channel, thread, recipient, reply_to}; one on the channel
 -- where conversation h started goes into its thread and replies to its first message.
 -- h is nil for an orphan RESPONSE (no conversation: no placement).
+-- Whether journal entry j may hold a delivery on transport t, channel c: false only when
+-- its delivery list (the text between '"d":[' and '],"s":', which can only be the keys
+-- themselves: inside a JSON string every quote is escaped) has no array starting with
+-- those two strings. Only for strings JSON writes as they are (no quote, backslash, slash
+-- or control character), so the text compared is exact; true whenever unsure. It spares
+-- decoding the entry for the common step that places nothing (a REQUEST never goes back
+-- to the channel it came from).
+local function may_place(j, t, c)
+  local plain = '^[^"\\/%c]*$'
+  if not (string.find(t, plain) and string.find(c, plain)) then return true end
+  local from = string.find(j, '"d":[', 1, true)
+  local to = from and string.find(j, '],"s":', from, true)
+  if not to then return true end
+  local at = string.find(j, '["' .. t .. '","' .. c .. '",', from, true)
+  return at ~= nil and at < to
+end
+
 local function journal(h, j)
   if not j or j == '' then return end
-  if h then
+  if h and may_place(j, h[13], h[14]) then
     local e = cjson.decode(j)
     local moved = false
     for _, d in ipairs(e.d) do
