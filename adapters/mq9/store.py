@@ -456,12 +456,12 @@ class Storage:
 
     @staticmethod
     def _stored(msg: Msg) -> Stored:
-        headers = dict(msg.headers or {})
+        headers = dict(msg.headers or {})  # nats-py's headers: str names, str values
         subject_tokens = headers.get("Nats-Subject", "").split(".")
         lane = LANE_BY_TOKEN.get(subject_tokens[-2] if len(subject_tokens) > 1 else "",
                                  Lane.NORMAL)
         return Stored(seq=int(headers.get("Nats-Sequence", "0")), lane=lane,
-                      headers={str(k): str(v) for k, v in headers.items()}, data=msg.data,
+                      headers=headers, data=msg.data,
                       time=unix_seconds(headers.get("Nats-Time-Stamp", "")))
 
     def served(self, meta: MailboxMeta, messages: list[Stored]) -> None:

@@ -20,6 +20,9 @@ DEFAULT_MAX_WAIT_MS = 500
 QUERY_LIMIT = 100
 DEFAULT_DISCOVER_LIMIT = 20
 MAX_DISCOVER_LIMIT = 100
+# json.dumps(..., ensure_ascii=False) builds a new encoder on every call: one, made once.
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
+
 SEMANTIC_DISABLED = (
     "agent search is not enabled in this build (missing the 'vector-search' feature)"
 )
@@ -124,7 +127,7 @@ def parse(model: type[M], body: bytes, *, empty_ok: bool = False) -> M:
 
 def reply(error: str = "", **fields: Any) -> bytes:
     """A reply body: ``error`` first, then the fields."""
-    return json.dumps({"error": error, **fields}, ensure_ascii=False).encode()
+    return _to_json({"error": error, **fields}).encode()
 
 
 def message_json(stored: Stored, encoding: Literal["text", "base64"]) -> dict[str, Any]:
@@ -144,7 +147,7 @@ def messages_reply(stored: list[Stored], encoding: Literal["text", "base64"],
     items: list[str] = []
     size = 64
     for one in stored:
-        text = json.dumps(message_json(one, encoding), ensure_ascii=False)
+        text = _to_json(message_json(one, encoding))
         encoded = len(text.encode())
         if items and size + encoded + 1 > budget:
             break
