@@ -141,9 +141,10 @@ end
 
 -- The record of header h, events body and the new event ev, stored compactly.
 local function encode(h, body, ev)
-  local c = {}
-  for i = 1, 16 do c[i] = h[i] end
-  c[17], c[18] = short_key(h[3], h[17]), short_key(h[4], h[18])
+  -- One constructor: the table is made at its size (filled one by one it grows, and is
+  -- reallocated, five times).
+  local c = {h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12],
+             h[13], h[14], h[15], h[16], short_key(h[3], h[17]), short_key(h[4], h[18])}
   if h[19] then
     local rest = {}
     for _, k in ipairs(h[19]) do
