@@ -27,6 +27,15 @@
 local ORPHAN_MAX_BYTES = 16384
 -- Budget states this batch read or wrote, by key (false: none), and the keys to write.
 local BUD, BW, BK = {}, {}, {}
+-- Loop guards decoded in this batch, by their JSON (a gateway sends the same one with
+-- every message).
+local GUARDS = {}
+
+local function decode_guard(g)
+  local decoded = cjson.decode(g)
+  GUARDS[g] = decoded
+  return decoded
+end
 
 -- cjson.encode(s) of a budget being charged (not blocked: s[1] is 0; the counts s[3] and
 -- s[4] are whole numbers), the same JSON: cjson formats every number with snprintf, a
@@ -102,7 +111,7 @@ local function apply_one(key, okey, bkeys, a, j, g)
   -- tripping it. Keys expire once their windows or cooldown have passed.
   local function budgets()
     if g == '' then return nil end
-    g = cjson.decode(g)
+    g = GUARDS[g] or decode_guard(g)
     local limit, window, cooldown = g[1], g[2], g[3]
     local guard = {states = {}, tripped = {}, window = window, cooldown = cooldown}
     for i, k in ipairs(bkeys) do
@@ -161,8 +170,8 @@ local function apply_one(key, okey, bkeys, a, j, g)
       local bc = typ == 'BROADCAST'
       local st = bc and 'done' or 'open'
       local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
-                 now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24], {fk}, 1}
-      if a[24] ~= fk and a[24] ~= 'all' then h[19][2] = a[24] end
+                 now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24],
+                 (a[24] ~= fk and a[24] ~= 'all') and {fk, a[24]} or {fk}, 1}
       ev[6] = st
       local new = encode(h, '', ev)
       -- An earlier message of this batch may have written or read the record already.
