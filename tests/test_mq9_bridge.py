@@ -163,6 +163,43 @@ async def test_agent_known_by_name_is_found_with_discover(
         assert got["priority"] == "critical"
 
 
+async def test_a_backlog_in_small_batches_is_processed_once_and_in_order(
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+) -> None:
+    """Batches of 4 from a backlog (the next one fetched while one is processed, when
+    that is exact), urgent messages among them: each processed once, the normal ones in
+    the order sent, and the gateway's group acknowledged to the end."""
+    gw_box, scout_box = f"gw.{uid()}", f"scout.{uid()}"
+    agents = {"Scout": {"addresses": [f"mq9:{scout_box}"], "identities": [f"mq9:{scout_box}"]}}
+    config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, agents,
+                           fetch_batch=4)
+    async with running(config) as gw:
+        assert (await wire.create(scout_box, ttl=0))["error"] == ""
+        sent: list[str] = []
+        for i in range(18):  # within the pair budget (20 a minute)
+            urgent = i in (5, 6, 13)
+            task = f"{'urgent' if urgent else 'job'} {i}"
+            req = build_request(sender="Scout", to="Lotbot", task=task)
+            headers = {REPLY_TO: scout_box, **({"mq9-priority": "urgent"} if urgent else {})}
+            assert (await wire.send(gw_box, render(req), **headers))["error"] == ""
+            sent.append(task)
+        got: list[str] = []
+        for _ in range(40):
+            got += [parse(m["text"]).messages[0].task for m in await inbox(base_url(gw), 1)]
+            if len(got) >= len(sent):
+                break
+        await asyncio.sleep(0.3)  # a message processed twice would be there by now
+        got += [parse(m["text"]).messages[0].task for m in await inbox(base_url(gw), 0.1)]
+        assert sorted(got) == sorted(sent)
+        assert [t for t in got if t.startswith("job")] == [t for t in sent if t.startswith("job")]
+        for _ in range(50):
+            left = await wire.fetch(gw_box, group_name="bpgw")
+            if not left["messages"]:
+                break
+            await asyncio.sleep(0.05)
+        assert left["messages"] == []
+
+
 async def test_a_batch_keeps_each_conversation_in_order(
     redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
 ) -> None:

@@ -45,6 +45,7 @@ from adapters.base import (
     Probe,
     Receipt,
 )
+from adapters.mq9.acking import NORMAL as NORMAL_LANE
 from adapters.mq9.acking import ack_plan
 from adapters.mq9.client import (
     MESSAGE_ID_HEADER,
@@ -71,6 +72,14 @@ CLOSE_SECONDS = 5.0
 NOT_TRIED = "not sent: an earlier message of its conversation was refused"
 # Protocol priority -> mq9-priority (anything else: normal).
 PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: "urgent"}
+
+
+def _drop(task: asyncio.Task[list[Fetched]] | None) -> None:
+    """Cancel a prefetch nobody will use (its messages come again from the group); its
+    outcome, an error included, is collected when it ends."""
+    if task is not None:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class Mq9Bridge(Adapter):
@@ -284,33 +293,64 @@ class Mq9Bridge(Adapter):
                                     "payload": s.description})
 
     async def _consume(self) -> None:
-        """FETCH, process, ACK, forever; set up again whenever something failed."""
+        """FETCH, process, ACK, forever; set up again whenever something failed.
+
+        While a batch is processed, the next one is already being fetched (``_ahead``)
+        when that is exact: every message of the batch is in the normal lane, so nothing
+        fetched so far is left behind below its last msg_id (FETCH serves the more urgent
+        lanes first, and msg_ids only grow), and the next messages are those from the
+        last msg_id + 1 on. Batches are still processed and acknowledged one after the
+        other; after a failure the prefetched batch is dropped and the group's offsets
+        decide again what comes."""
         s = self.settings
         set_up = False
-        while True:
-            try:
-                if not set_up:
-                    await self._set_up()
-                    set_up = True
-                    self.set_health(HealthState.UP, f"mailbox {s.mailbox} on {self.url}")
-                    self._ready.set()
-                batch = await self.client.fetch(s.mailbox, s.group, s.fetch_batch,
-                                                s.fetch_wait_ms)
-                if self.health().state is not HealthState.UP:
-                    self.set_health(HealthState.UP, f"mailbox {s.mailbox} on {self.url}")
-                if batch and not await self._process(batch, full=len(batch) >= s.fetch_batch):
-                    await asyncio.sleep(s.retry_seconds)  # the gateway could not commit
-            except asyncio.CancelledError:
-                raise
-            except (Mq9Error, Mq9Unavailable, ValueError) as exc:
-                # A missing mailbox (expired, deleted) is created again on the next round.
-                set_up = False
-                # Cut off from NATS: down (nothing flows); the broker refusing: degraded.
-                connected = self._nc is not None and self._nc.is_connected
-                self.set_health(HealthState.DEGRADED if connected else HealthState.DOWN,
-                                str(exc))
-                log.warning("mq9 transport %s: %s; retrying", self.name, exc)
-                await asyncio.sleep(s.retry_seconds)
+        ahead: asyncio.Task[list[Fetched]] | None = None
+        try:
+            while True:
+                try:
+                    if not set_up:
+                        await self._set_up()
+                        set_up = True
+                        self.set_health(HealthState.UP, f"mailbox {s.mailbox} on {self.url}")
+                        self._ready.set()
+                    if ahead is not None:
+                        batch, ahead = await ahead, None
+                    else:
+                        batch = await self.client.fetch(s.mailbox, s.group, s.fetch_batch,
+                                                        s.fetch_wait_ms)
+                    if self.health().state is not HealthState.UP:
+                        self.set_health(HealthState.UP, f"mailbox {s.mailbox} on {self.url}")
+                    if not batch:
+                        continue
+                    ahead = self._ahead(batch)
+                    if not await self._process(batch, full=len(batch) >= s.fetch_batch):
+                        _drop(ahead)
+                        ahead = None
+                        await asyncio.sleep(s.retry_seconds)  # the gateway could not commit
+                except asyncio.CancelledError:
+                    raise
+                except (Mq9Error, Mq9Unavailable, ValueError) as exc:
+                    _drop(ahead)
+                    ahead = None
+                    # A missing mailbox (expired, deleted) is created again on the next round.
+                    set_up = False
+                    # Cut off from NATS: down (nothing flows); the broker refusing: degraded.
+                    connected = self._nc is not None and self._nc.is_connected
+                    self.set_health(HealthState.DEGRADED if connected else HealthState.DOWN,
+                                    str(exc))
+                    log.warning("mq9 transport %s: %s; retrying", self.name, exc)
+                    await asyncio.sleep(s.retry_seconds)
+        finally:
+            _drop(ahead)
+
+    def _ahead(self, batch: list[Fetched]) -> asyncio.Task[list[Fetched]] | None:
+        """The FETCH of what follows ``batch``, started now; None when that is not exact."""
+        if any(m.priority != NORMAL_LANE for m in batch):
+            return None
+        s = self.settings
+        return asyncio.create_task(self.client.fetch(
+            s.mailbox, s.group, s.fetch_batch, s.fetch_wait_ms,
+            from_id=max(m.msg_id for m in batch) + 1))
 
     async def _process(self, batch: list[Fetched], *, full: bool) -> bool:
         """Hand ``batch`` to the gateway at once and ACK what it committed; False when

@@ -112,10 +112,14 @@ class Mq9Client:
         return msg_id if isinstance(msg_id, int) else -1
 
     async def fetch(self, address: str, group: str, num_msgs: int,
-                    max_wait_ms: int) -> list[Fetched]:
-        """A stateful FETCH in consumer group ``group`` (waits up to ``max_wait_ms``)."""
-        body = {"group_name": group, "deliver": "earliest",
-                "config": {"num_msgs": num_msgs, "max_wait_ms": max_wait_ms}}
+                    max_wait_ms: int, *, from_id: int | None = None) -> list[Fetched]:
+        """A stateful FETCH in consumer group ``group`` (waits up to ``max_wait_ms``);
+        with ``from_id``, from that msg_id on whatever the group acknowledged
+        (``force_deliver``: the group's offsets are neither read nor moved)."""
+        body: dict[str, Any] = {"group_name": group, "deliver": "earliest",
+                                "config": {"num_msgs": num_msgs, "max_wait_ms": max_wait_ms}}
+        if from_id is not None:
+            body.update(deliver="from_id", from_id=from_id, force_deliver=True)
         reply = await self.request(f"MSG.FETCH.{address}", body,
                                    timeout=self.timeout + max_wait_ms / 1000)
         items = reply.get("messages")
