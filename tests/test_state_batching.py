@@ -128,3 +128,26 @@ async def test_merged_calls_run_as_one_script_call_each_with_its_reply(
     assert replies == list(range(1, 601))
     assert await client.lrange("m", 0, 2) == ["p-0", "p-1", "p-2"]
 
+
+
+async def test_with_one_send_in_flight_the_calls_made_meanwhile_go_as_one_batch(
+    private_redis: tuple[PrivateValkey, aioredis.Redis],
+) -> None:
+    _, client = private_redis
+    batcher = ScriptBatcher(client, client.register_script(BATCH_SCRIPT), merged_head=["p-"],
+                            max_in_flight=1)
+    first = asyncio.ensure_future(batcher(keys=["k"], args=["0"]))  # goes alone, at once
+    await asyncio.sleep(0)
+    # Made over several loop iterations while the first is out: they wait for it.
+    rest = []
+    for i in range(1, 40):
+        rest.append(asyncio.ensure_future(batcher(keys=["k"], args=[str(i)])))
+        if i % 10 == 0:
+            await asyncio.sleep(0)
+    assert await first == 1
+    assert sorted(await asyncio.gather(*rest)) == list(range(2, 41))
+    stats = await client.info("commandstats")
+    # The first call, then the 39 in one script call, or in very few if the first
+    # returned while they were still being made.
+    assert int(stats["cmdstat_evalsha"]["calls"]) <= 3, stats["cmdstat_evalsha"]
+    assert await batcher(keys=["k"], args=["last"]) == 41  # idle again: at once
