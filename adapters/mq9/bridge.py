@@ -74,9 +74,9 @@ NOT_TRIED = "not sent: an earlier message of its conversation was refused"
 PRIORITY_LANES: dict[str, str] = {Priority.CRITICAL: "critical", Priority.HIGH: "urgent"}
 
 
-def _drop(task: asyncio.Task[list[Fetched]] | None) -> None:
-    """Cancel a prefetch nobody will use (its messages come again from the group); its
-    outcome, an error included, is collected when it ends."""
+def _drop(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a prefetch or ACKs nobody waits for any more (what they were for comes
+    again from the group); the outcome, an error included, is collected when it ends."""
     if task is not None:
         task.cancel()
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -299,12 +299,14 @@ class Mq9Bridge(Adapter):
         when that is exact: every message of the batch is in the normal lane, so nothing
         fetched so far is left behind below its last msg_id (FETCH serves the more urgent
         lanes first, and msg_ids only grow), and the next messages are those from the
-        last msg_id + 1 on. Batches are still processed and acknowledged one after the
-        other; after a failure the prefetched batch is dropped and the group's offsets
-        decide again what comes."""
+        last msg_id + 1 on. A batch's ACKs go out while the next one is processed (they
+        do not depend on it), and are answered before the next batch's ACKs go and before
+        any FETCH of the group. After a failure the prefetched batch is dropped and the
+        group's offsets decide again what comes."""
         s = self.settings
         set_up = False
         ahead: asyncio.Task[list[Fetched]] | None = None
+        acking: asyncio.Task[None] | None = None
         try:
             while True:
                 try:
@@ -316,6 +318,9 @@ class Mq9Bridge(Adapter):
                     if ahead is not None:
                         batch, ahead = await ahead, None
                     else:
+                        if acking is not None:  # the group's offsets as acknowledged
+                            await acking
+                            acking = None
                         batch = await self.client.fetch(s.mailbox, s.group, s.fetch_batch,
                                                         s.fetch_wait_ms)
                     if self.health().state is not HealthState.UP:
@@ -323,7 +328,11 @@ class Mq9Bridge(Adapter):
                     if not batch:
                         continue
                     ahead = self._ahead(batch)
-                    if not await self._process(batch, full=len(batch) >= s.fetch_batch):
+                    done, plan = await self._process(batch, full=len(batch) >= s.fetch_batch)
+                    if acking is not None:  # the previous batch's, in order before these
+                        await acking
+                    acking = asyncio.create_task(self._ack(plan))
+                    if not done:
                         _drop(ahead)
                         ahead = None
                         await asyncio.sleep(s.retry_seconds)  # the gateway could not commit
@@ -331,7 +340,8 @@ class Mq9Bridge(Adapter):
                     raise
                 except (Mq9Error, Mq9Unavailable, ValueError) as exc:
                     _drop(ahead)
-                    ahead = None
+                    _drop(acking)
+                    ahead = acking = None
                     # A missing mailbox (expired, deleted) is created again on the next round.
                     set_up = False
                     # Cut off from NATS: down (nothing flows); the broker refusing: degraded.
@@ -342,6 +352,12 @@ class Mq9Bridge(Adapter):
                     await asyncio.sleep(s.retry_seconds)
         finally:
             _drop(ahead)
+            _drop(acking)
+
+    async def _ack(self, msg_ids: list[int]) -> None:
+        """ACK ``msg_ids`` in order (``ack_plan``)."""
+        for msg_id in msg_ids:
+            await self.client.ack(self.settings.mailbox, self.settings.group, msg_id)
 
     def _ahead(self, batch: list[Fetched]) -> asyncio.Task[list[Fetched]] | None:
         """The FETCH of what follows ``batch``, started now; None when that is not exact."""
@@ -352,9 +368,9 @@ class Mq9Bridge(Adapter):
             s.mailbox, s.group, s.fetch_batch, s.fetch_wait_ms,
             from_id=max(m.msg_id for m in batch) + 1))
 
-    async def _process(self, batch: list[Fetched], *, full: bool) -> bool:
-        """Hand ``batch`` to the gateway at once and ACK what it committed; False when
-        some message was not committed (it is fetched again)."""
+    async def _process(self, batch: list[Fetched], *, full: bool) -> tuple[bool, list[int]]:
+        """Hand ``batch`` to the gateway at once: whether all of it was committed (else
+        what was not is fetched again), and the msg_ids to ACK for what was."""
         committed: set[int] = set()
         envelopes: list[Envelope] = []
         ids: list[int] = []
@@ -371,9 +387,7 @@ class Mq9Bridge(Adapter):
             # answer after its REQUEST, and the senders side by side.
             dispositions = await self._sink.on_envelopes(envelopes)
             committed.update(i for i, d in zip(ids, dispositions, strict=True) if d.committed)
-        for msg_id in ack_plan(batch, committed, full=full):
-            await self.client.ack(self.settings.mailbox, self.settings.group, msg_id)
-        return len(committed) == len(batch)
+        return len(committed) == len(batch), ack_plan(batch, committed, full=full)
 
     def _envelope(self, m: Fetched) -> Envelope | None:
         """The envelope of one message; None when it is refused (no reply mailbox)."""
