@@ -99,6 +99,16 @@ async def fetch_one(wire: Mq9Wire, box: str, group: str = "agent") -> dict[str, 
     return message
 
 
+async def unacknowledged(wire: Mq9Wire, box: str) -> list[dict[str, Any]]:
+    """What the gateway's group still has in ``box`` once its ACKs have had up to 2.5 s
+    to land (they go out after the commit, the last batch's asynchronously)."""
+    for _ in range(50):
+        left: list[dict[str, Any]] = (await wire.fetch(box, group_name="bpgw"))["messages"]
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+    return left
+
 async def test_round_trip_http_request_to_mq9_agent_and_its_response_back(
     redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
 ) -> None:
@@ -135,12 +145,7 @@ async def test_round_trip_http_request_to_mq9_agent_and_its_response_back(
         assert [e["transport"] for e in conv["history"]] == ["web", "mq9"]
         # The gateway acknowledged what it committed (right after the commit): its group
         # has nothing left.
-        for _ in range(50):
-            left = await wire.fetch(gw_box, group_name="bpgw")
-            if not left["messages"]:
-                break
-            await asyncio.sleep(0.05)
-        assert left["messages"] == []
+        assert await unacknowledged(wire, gw_box) == []
     gone = await wire.raw("AGENT.DISCOVER", {"text": f"bpgw-{gw_box}"})
     assert gone["agents"] == []  # UNREGISTERed on shutdown
 
@@ -192,12 +197,7 @@ async def test_a_backlog_in_small_batches_is_processed_once_and_in_order(
         got += [parse(m["text"]).messages[0].task for m in await inbox(base_url(gw), 0.1)]
         assert sorted(got) == sorted(sent)
         assert [t for t in got if t.startswith("job")] == [t for t in sent if t.startswith("job")]
-        for _ in range(50):
-            left = await wire.fetch(gw_box, group_name="bpgw")
-            if not left["messages"]:
-                break
-            await asyncio.sleep(0.05)
-        assert left["messages"] == []
+        assert await unacknowledged(wire, gw_box) == []
 
 
 async def test_a_batch_keeps_each_conversation_in_order(
