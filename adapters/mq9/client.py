@@ -7,15 +7,14 @@ agent use it.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
+
+from adapters.mq9.connection import ReplyInbox
 
 API = "$mq9.AI."
 # NATS header names the bridge and its agents use beyond the protocol's own.
@@ -68,53 +67,26 @@ class Mq9Client:
     """mq9 requests on one NATS connection; every method raises ``Mq9Error`` on an error
     reply and ``Mq9Unavailable`` when nothing answers within ``timeout`` seconds.
 
-    Answers come to one inbox subscription of the client's own, each request named by a
-    counter: lighter than nats-py's request (a random token, a timer and a callback each).
+    Answers come to one reply inbox of the client's own (``ReplyInbox``).
     """
 
     def __init__(self, nc: Client, timeout: float = 5.0) -> None:
         self.nc = nc
         self.timeout = timeout
-        self._inbox: str | None = None
-        self._subscribing = asyncio.Lock()
-        self._answers: dict[str, asyncio.Future[Msg]] = {}
-        self._ids = itertools.count()
-
-    async def _reply_to(self) -> str:
-        """The prefix of the client's answer subjects (subscribed on first use)."""
-        if self._inbox is None:
-            async with self._subscribing:
-                if self._inbox is None:
-                    inbox = self.nc.new_inbox()
-                    await self.nc.subscribe(inbox + ".*", cb=self._on_answer)
-                    self._inbox = inbox
-        return self._inbox
-
-    async def _on_answer(self, msg: Msg) -> None:
-        answer = self._answers.get(msg.subject.rpartition(".")[2])
-        if answer is not None and not answer.done():
-            answer.set_result(msg)
+        self._replies = ReplyInbox(nc)
 
     async def request(self, subject: str, body: bytes | dict[str, Any] = b"", *,
                       headers: dict[str, str] | None = None,
                       timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         """One request on ``$mq9.AI.<subject>``; the decoded reply (error checked)."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        token = str(next(self._ids))
-        answer: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._answers[token] = answer
         try:
-            reply_to = await self._reply_to()
-            await self.nc.publish(API + subject, data, reply=f"{reply_to}.{token}",
-                                  headers=headers)
-            async with asyncio.timeout(timeout or self.timeout):
-                msg = await answer
+            msg = await self._replies.request(API + subject, data, headers,
+                                              timeout or self.timeout)
         except TimeoutError:
             raise Mq9Unavailable(f"{subject}: no answer (TimeoutError)") from None
         except nats.errors.Error as exc:
             raise Mq9Unavailable(f"{subject}: {exc}") from None
-        finally:
-            del self._answers[token]
         if (msg.headers or {}).get("Status") == NO_RESPONDERS:
             raise Mq9Unavailable(f"{subject}: no answer (NoRespondersError)")
         try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import calendar
 import functools
-import itertools
 import json
 import math
 import random
@@ -39,6 +38,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from adapters.mq9.connection import ReplyInbox
 from adapters.mq9.names import LANE_BY_TOKEN, Lane, Names
 from adapters.mq9.settings import ServiceSettings
 
@@ -150,51 +150,9 @@ def _is_full(exc: APIError) -> bool:
     return "maximum" in text or "resource limits" in text or "storage" in text
 
 
-class BatchReader:
+class BatchReader(ReplyInbox):
     """Batched JetStream direct gets (one request, many replies) and one-answer requests
-    (JetStream publishes) on one shared inbox: a counter names each request, lighter than
-    nats-py's own request (a random token, a timer and a callback each)."""
-
-    def __init__(self, nc: Client) -> None:
-        self._nc = nc
-        self._prefix = nc.new_inbox()
-        self._queues: dict[str, asyncio.Queue[Msg]] = {}
-        self._answers: dict[str, asyncio.Future[Msg]] = {}
-        self._ids = itertools.count()
-        self._sub: Any = None
-
-    async def start(self) -> None:
-        """Subscribe the shared reply inbox."""
-        self._sub = await self._nc.subscribe(self._prefix + ".*", cb=self._on_reply)
-
-    async def stop(self) -> None:
-        """Drop the reply subscription."""
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
-
-    async def _on_reply(self, msg: Msg) -> None:
-        token = msg.subject.rpartition(".")[2]
-        queue = self._queues.get(token)
-        if queue is not None:
-            queue.put_nowait(msg)
-            return
-        answer = self._answers.get(token)
-        if answer is not None and not answer.done():
-            answer.set_result(msg)
-
-    async def request(self, subject: str, payload: bytes, headers: dict[str, str]) -> Msg:
-        """The one message that answers a request (TimeoutError after the API timeout)."""
-        token = str(next(self._ids))
-        answer: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._answers[token] = answer
-        try:
-            await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}",
-                                   headers=headers)
-            async with asyncio.timeout(_API_TIMEOUT):
-                return await answer
-        finally:
-            del self._answers[token]
+    (JetStream publishes) on the service's shared reply inbox."""
 
     async def read(self, stream: str, request: dict[str, Any]) -> list[Msg]:
         """The messages one batched direct get answers (empty when none match)."""
@@ -203,15 +161,14 @@ class BatchReader:
     async def read_counted(self, stream: str, request: dict[str, Any]) -> tuple[list[Msg], int]:
         """The messages one batched direct get answers, and how many more match after
         them (the end-of-batch's ``Nats-Num-Pending``; 0 when none match at all)."""
-        token = str(next(self._ids))
+        token, reply_to = await self._reply_to()
         queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._queues[token] = queue
         out: list[Msg] = []
         single = "batch" not in request  # a plain direct get answers one message, no EOB
         try:
             await self._nc.publish(f"$JS.API.DIRECT.GET.{stream}",
-                                   json.dumps(request).encode(),
-                                   reply=f"{self._prefix}.{token}")
+                                   json.dumps(request).encode(), reply=reply_to)
             async with asyncio.timeout(_API_TIMEOUT):
                 while True:
                     msg = await queue.get()
@@ -274,7 +231,7 @@ class Storage:
         self._groups = await self.js.create_key_value(api.KeyValueConfig(
             bucket=n.groups_bucket, history=1, max_bytes=s.max_groups_bytes,
             storage=storage, replicas=s.replicas, direct=True))
-        await self.reader.start()
+        await self.reader.subscribe()
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
         try:
@@ -454,7 +411,7 @@ class Storage:
 
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
         """Store a message as ``js.publish`` does (the same errors); its stream sequence."""
-        msg = await self.reader.request(subject, payload, headers)
+        msg = await self.reader.request(subject, payload, headers, _API_TIMEOUT)
         if (msg.headers or {}).get("Status") == "503":  # no stream listens (no responders)
             raise NoStreamResponseError
         reply = json.loads(msg.data)
