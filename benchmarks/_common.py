@@ -90,6 +90,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def child_pid(name: str) -> int:
+    """The pid of this process's child whose command name holds ``name``, -1 if none."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, rest = stat.read_text().split(") ", 1)
+        except OSError:
+            continue
+        if name in comm and int(rest.split()[1]) == os.getpid():
+            return int(stat.parent.name)
+    return -1
+
+
 def peak_rss_mb(pid: int) -> float:
     """Peak resident memory of process ``pid`` in MiB (VmHWM, Linux /proc); NaN if gone."""
     try:

