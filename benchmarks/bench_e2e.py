@@ -247,27 +247,34 @@ class Load:
         url = f"{self.bases[0]}/v1/agents/{RECIPIENT}/inbox"
         headers = {"Authorization": f"Bearer {self.tokens[RECIPIENT]}"}
         ack = ""
-        while True:
-            params = {"wait": "5", "max": "1000", **({"ack": ack} if ack else {})}
-            try:
-                async with self.http.get(url, params=params, headers=headers) as resp:
-                    data = await resp.json()
-            except (TimeoutError, aiohttp.ClientError):
-                await asyncio.sleep(0.05)
-                continue
-            now = time.perf_counter()
-            messages = data.get("messages", [])
-            if messages:
-                ack = messages[-1]["id"]
-            phase = self.phase
-            for item in messages:
-                sent = phase.sent_at.get(item.get("request_id") or "") if phase else None
-                if phase is None or sent is None:
-                    self.stray += 1
+        # The recipient's own session: the posters' connection pool, full at high
+        # concurrency, must not hold its polls back.
+        async with aiohttp.ClientSession() as http:
+            while True:
+                params = {"wait": "5", "max": "1000", **({"ack": ack} if ack else {})}
+                try:
+                    async with http.get(url, params=params, headers=headers) as resp:
+                        data = await resp.json()
+                except (TimeoutError, aiohttp.ClientError):
+                    await asyncio.sleep(0.05)
                     continue
-                phase.received += 1
-                phase.latencies.append(now - sent)
-            self._progress.set()
+                ack = self._note_received(data.get("messages", []), ack)
+
+    def _note_received(self, messages: list[dict[str, Any]], ack: str) -> str:
+        """Count a polled batch into the current phase; the id to acknowledge next."""
+        now = time.perf_counter()
+        if messages:
+            ack = messages[-1]["id"]
+        phase = self.phase
+        for item in messages:
+            sent = phase.sent_at.get(item.get("request_id") or "") if phase else None
+            if phase is None or sent is None:
+                self.stray += 1
+                continue
+            phase.received += 1
+            phase.latencies.append(now - sent)
+        self._progress.set()
+        return ack
 
     async def _drain(self, phase: Phase, seconds: float = 20.0) -> None:
         """Wait (at most ``seconds``) until every accepted message reached the consumer."""
