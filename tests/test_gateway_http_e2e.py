@@ -205,7 +205,11 @@ async def test_bpgw_run_on_embedded_defaults(tmp_path: Path) -> None:
                             break
                 except aiohttp.ClientConnectionError:
                     pass
-                assert proc.returncode is None, "bpgw run exited"
+                if proc.returncode is not None:
+                    # Say why: a start-up failure here has been seen once and not since.
+                    out, err = await proc.communicate()
+                    raise AssertionError(f"bpgw run exited {proc.returncode}:\n"
+                                         f"{out.decode()[-2000:]}\n{err.decode()[-4000:]}")
                 await asyncio.sleep(0.1)
             else:
                 raise AssertionError("bpgw run never answered /healthz")
