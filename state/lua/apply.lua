@@ -25,8 +25,9 @@
 -- ZADD per party (2) and a SET per budget; in a batch those are shared.
 -- Orphan RESPONSEs kept per unknown RequestId (each event is bounded, their number is not).
 local ORPHAN_MAX_BYTES = 16384
--- Budget states this batch read or wrote, by key (false: none), and the keys to write.
-local BUD, BW, BK = {}, {}, {}
+-- Budget states this batch read or wrote, by key (their JSON, false: none), the keys it
+-- writes (in order) and each one's milliseconds to live (0 when it is deleted).
+local BUD, BK, BPX = {}, {}, {}
 -- Loop guards decoded in this batch, by their JSON (a gateway sends the same one with
 -- every message).
 local GUARDS = {}
@@ -57,9 +58,9 @@ local function budget_json(s)
 end
 
 local function budget_write(k, raw, px)
-  if BW[k] == nil then BK[#BK + 1] = k end
-  BW[k] = raw and {raw, px} or false
+  if BPX[k] == nil then BK[#BK + 1] = k end
   BUD[k] = raw or false
+  BPX[k] = px or 0
 end
 
 -- Apply one message: `key` its conversation, `okey` its orphan key, `bkeys` its budget
@@ -121,13 +122,17 @@ local function apply_one(key, okey, bkeys, a, j, g)
   -- when every key has room and then counts against each; the message that finds a key
   -- full starts that key's cooldown (a fresh window follows it) and is the one reported as
   -- tripping it. Keys expire once their windows or cooldown have passed.
+  -- Returns nil without a guard (g becomes the decoded guard otherwise), else the state of
+  -- each key not cooling down (guard[i] for bkeys[i], `tripped` when this message found
+  -- it full) and what refuses the message (guard.refused, nil when it passes). One table
+  -- and numeric loops: allocations and iterator calls are a large part of a step's cost.
   local function budgets()
     if g == '' then return nil end
     g = GUARDS[g] or decode_guard(g)
     local limit, window, cooldown = g[1], g[2], g[3]
-    local guard = {states = {}, tripped = {}, window = window, cooldown = cooldown}
-    for i, k in ipairs(bkeys) do
-      local raw = BUD[k]
+    local guard = {}
+    for i = 1, #bkeys do
+      local raw = BUD[bkeys[i]]
       local s = raw and decode_budget(raw)
       local v
       if s and s[1] > now then
@@ -141,10 +146,10 @@ local function apply_one(key, okey, bkeys, a, j, g)
           s[2] = s[2] + k * window
           s[5], s[6] = nil, nil  -- their stored text is out of date
         end
-        guard.states[i] = s
+        guard[i] = s
         if s[3] * (1 - (now - s[2]) / window) + s[4] >= limit then
           v = {1, cooldown}
-          guard.tripped[i] = true
+          s.tripped = true
         end
       end
       -- Report a trip first (one notice per cooldown), else the longest wait.
@@ -156,21 +161,28 @@ local function apply_one(key, okey, bkeys, a, j, g)
 
   -- Start the cooldown of every budget this message found full.
   local function trip(guard)
-    for i in pairs(guard.tripped) do
-      if guard.cooldown > 0 then
-        budget_write(bkeys[i], cjson.encode({now + guard.cooldown}),
-                     math.ceil(guard.cooldown * 1000))
-      else
-        budget_write(bkeys[i], false)
+    local cooldown = g[3]
+    for i = 1, #bkeys do
+      local s = guard[i]
+      if s and s.tripped then
+        if cooldown > 0 then
+          budget_write(bkeys[i], cjson.encode({now + cooldown}), math.ceil(cooldown * 1000))
+        else
+          budget_write(bkeys[i], false)
+        end
       end
     end
   end
 
   -- Count this message against every budget; a key lives until its next window ends.
   local function charge(guard)
-    for i, s in pairs(guard.states) do
-      s[4] = s[4] + 1
-      budget_write(bkeys[i], budget_json(s), math.ceil((s[2] + 2 * guard.window - now) * 1000))
+    local window = g[2]
+    for i = 1, #bkeys do
+      local s = guard[i]
+      if s then
+        s[4] = s[4] + 1
+        budget_write(bkeys[i], budget_json(s), math.ceil((s[2] + 2 * window - now) * 1000))
+      end
     end
   end
 
@@ -354,7 +366,7 @@ for i, m in ipairs(msgs) do
 end
 flush_indices()
 for _, bk in ipairs(BK) do
-  local w = BW[bk]
-  if w then redis.call('SET', bk, w[1], 'PX', w[2]) else redis.call('DEL', bk) end
+  local raw = BUD[bk]
+  if raw then redis.call('SET', bk, raw, 'PX', BPX[bk]) else redis.call('DEL', bk) end
 end
 return out
