@@ -109,9 +109,20 @@ local function owes_key(h)
   return h[18]
 end
 
+-- Each name's ASCII lower case (false when it is not ASCII), by name, found once per run:
+-- a batch writes the same names again and again, and a library call costs about 1,000
+-- instructions.
+local LOWER = {}
+
 -- The name key stored for `name`: '' when it is the name's ASCII lower case.
 local function short_key(name, key)
-  if key == string.lower(name) and not string.find(name, '[\128-\255]') then return '' end
+  local low = LOWER[name]
+  if low == nil then
+    low = string.lower(name)
+    if string.find(name, '[\128-\255]') then low = false end
+    LOWER[name] = low
+  end
+  if key == low then return '' end
   return key
 end
 
@@ -260,6 +271,19 @@ local function move(key, id, h, body, st, deadline, now, ev, assignee, ak)
   return blob
 end
 
+-- Whether JSON writes string s as it is (no quote, backslash, slash or control
+-- character), by string, found once per run (a batch's origins repeat).
+local PLAIN = {}
+
+local function plain(s)
+  local p = PLAIN[s]
+  if p == nil then
+    p = string.find(s, '^[^"\\/%c]*$') ~= nil
+    PLAIN[s] = p
+  end
+  return p
+end
+
 -- Append the outbox journal entry j (JSON, "" for none) for an accepted message,
 -- in the same atomic step as the state change (docs/gateway.md, "Outbox"). Each
 -- delivery d = {transport, channel, thread, recipient, reply_to}; one on the channel
@@ -273,8 +297,7 @@ end
 -- decoding the entry for the common step that places nothing (a REQUEST never goes back
 -- to the channel it came from).
 local function may_place(j, t, c)
-  local plain = '^[^"\\/%c]*$'
-  if not (string.find(t, plain) and string.find(c, plain)) then return true end
+  if not (plain(t) and plain(c)) then return true end
   local from = string.find(j, '"d":[', 1, true)
   local to = from and string.find(j, '],"s":', from, true)
   if not to then return true end
