@@ -254,19 +254,18 @@ class ConversationStore:
         self.redis = redis
         self.settings = settings
         self.keys = Keys(settings.namespace)
+        t = settings.timeout_for
         # Messages go through the batcher: concurrent applies become one call of the
-        # batch script (one atomic step writing the indices they share once).
+        # batch script (one atomic step writing the indices they share once). Its head:
+        # the prefix, and the timeouts and retention every message shares.
+        head = [self.keys.prefix, json.dumps([t("REQUEST"), t("HANDOFF"), t("CLARIFY"),
+                                              t("BROADCAST"), settings.retention_seconds])]
         self._apply_one = ScriptBatcher(redis, redis.register_script(load_script("apply")),
-                                        merged_head=[self.keys.prefix],
-                                        max_in_flight=APPLY_IN_FLIGHT)
+                                        merged_head=head, max_in_flight=APPLY_IN_FLIGHT)
         self._claim = redis.register_script(load_script("claim"))
         self._purge = redis.register_script(load_script("purge"))
         self._load = redis.register_script(load_script("load"))
         self._canonical = redis.register_script(load_script("canonical"))
-        t = settings.timeout_for
-        # The JSON tail of apply.lua's argument array that never changes for this store.
-        self._tail = json.dumps([t("REQUEST"), t("HANDOFF"), t("CLARIFY"), t("BROADCAST"),
-                                 settings.retention_seconds])[1:]
 
     # -- transitions ---------------------------------------------------------------
 
@@ -360,7 +359,7 @@ class ConversationStore:
             f"[{q(typ)},{q(request_id)},{q(sender)},{q(to)},{int(depth)},{int(max_depth)},"
             f"{q(status)},{q(priority)},{q(task)},{q(excerpt)},{q(fp)},{at!r},"
             f"{q(origin.transport)},{q(origin.channel)},{q(origin.thread or '')},"
-            f"{q(origin.native_id or '')},{q(trace_id or '')},{self._tail[:-1]},"
+            f"{q(origin.native_id or '')},{q(trace_id or '')},"
             f"{q(name_key(sender))},{q(name_key(to))}]"
         )
         args: list[str | int | float] = [2, fields, journal, ""]

@@ -1,14 +1,14 @@
 -- Apply a batch of protocol messages (or CLOSEs by an operator or the gateway), each to
 -- its conversation, in order, atomically: the whole batch is one step on the server.
--- ARGV[1] prefix, then four per message: its number of keys, one JSON array of its fields
--- (one argument instead of 24 keeps the client's encoding cheap), its outbox journal
+-- ARGV[1] prefix, ARGV[2] the store's timeouts and retention (below), then four per
+-- message: its number of keys, one JSON array of its fields
+-- (one argument instead of 19 keeps the client's encoding cheap), its outbox journal
 -- entry ("" = none) and its loop guard ("" = none); KEYS, message after message: the
 -- conversation key, the orphan key, then its budget keys (below).
 -- Fields: 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
 --   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
 --   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
---   18-21 timeouts REQUEST/HANDOFF/CLARIFY/BROADCAST, 22 retention seconds,
---   23 canonical key of from, 24 canonical key of to (protocol.names.name_key)
+--   18 canonical key of from, 19 canonical key of to (protocol.names.name_key)
 -- Parties compare by those keys (header fields 17 requester key, 18 assignee key), so
 -- @mantis and @Mantis are one agent here exactly as in the gateway.
 -- The journal entry is appended when the message is accepted. The loop guard is JSON
@@ -25,6 +25,11 @@
 -- ZADD per party (2) and a SET per budget; in a batch those are shared.
 -- Orphan RESPONSEs kept per unknown RequestId (each event is bounded, their number is not).
 local ORPHAN_MAX_BYTES = 16384
+-- ARGV[2], JSON: the timeouts of REQUEST, HANDOFF, CLARIFY and BROADCAST and the retention,
+-- in seconds. They are the same for every message of a store, so they come once a batch
+-- (in each message's fields they cost a decoded number each).
+local TIMEOUT_REQUEST, TIMEOUT_HANDOFF, TIMEOUT_CLARIFY, TIMEOUT_BROADCAST, RETENTION =
+    unpack(cjson.decode(ARGV[2]))
 -- Budget states this batch read or wrote, by key (their JSON, false: none), the keys it
 -- writes (in order) and each one's milliseconds to live (0 when it is deleted).
 local BUD, BK, BPX = {}, {}, {}
@@ -67,7 +72,7 @@ end
 -- keys, `a` its fields, `j` its journal entry, `g` its guard.
 local function apply_one(key, okey, bkeys, a, j, g)
   local typ, id, from, to = a[1], a[2], a[3], a[4]
-  local fk = a[23]
+  local fk = a[18]
   local dc, dm = a[5], a[6]
   local fp, now = a[11], a[12]
   local ev = {typ, from, to, dc, dm, '', a[13], a[16], now, a[10], fp}
@@ -195,8 +200,9 @@ local function apply_one(key, okey, bkeys, a, j, g)
       local bc = typ == 'BROADCAST'
       local st = bc and 'done' or 'open'
       local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
-                 now + (bc and a[21] or a[18]), a[13], a[14], a[15], a[16], fk, a[24],
-                 (a[24] ~= fk and a[24] ~= 'all') and {fk, a[24]} or {fk}, 1}
+                 now + (bc and TIMEOUT_BROADCAST or TIMEOUT_REQUEST), a[13], a[14], a[15],
+                 a[16], fk, a[19], (a[19] ~= fk and a[19] ~= 'all') and {fk, a[19]} or {fk},
+                 1}
       ev[6] = st
       local new = encode(h, '', ev)
       -- An earlier message of this batch may have written or read the record already.
@@ -224,7 +230,7 @@ local function apply_one(key, okey, bkeys, a, j, g)
         end
         ev[6] = 'orphan'
         redis.call('APPEND', okey, cjson.encode(ev) .. '\n')
-        redis.call('EXPIRE', okey, math.ceil(a[22]))
+        redis.call('EXPIRE', okey, math.ceil(RETENTION))
         zput(P .. 'orph', id, now)
         journal(nil, j)
         return {'orphan', 'no conversation ' .. id .. ' is known here; the RESPONSE from ' ..
@@ -292,11 +298,11 @@ local function apply_one(key, okey, bkeys, a, j, g)
       party(id, h, h[18])
     end
     party(id, h, fk)
-    party(id, h, a[24])
+    party(id, h, a[19])
 
     if typ == 'RESPONSE' then
       if st == 'clarifying' and fk == rk then
-        return accept(st, move(key, id, h, body, 'open', now + a[18], now, ev), h)
+        return accept(st, move(key, id, h, body, 'open', now + TIMEOUT_REQUEST, now, ev), h)
       end
       local final = a[7]
       if final == '' then final = 'done' end
@@ -307,10 +313,12 @@ local function apply_one(key, okey, bkeys, a, j, g)
         return {'illegal', 'conversation ' .. id .. ' already waits for ' .. h[3] ..
                 ' to answer a question; answer it before asking another.', st, blob}
       end
-      return accept(st, move(key, id, h, body, 'clarifying', now + a[20], now, ev, holder, hk), h)
+      return accept(st, move(key, id, h, body, 'clarifying', now + TIMEOUT_CLARIFY, now, ev,
+                             holder, hk), h)
     end
     if typ == 'HANDOFF' then
-      return accept(st, move(key, id, h, body, 'handed_off', now + a[19], now, ev, to, a[24]), h)
+      return accept(st, move(key, id, h, body, 'handed_off', now + TIMEOUT_HANDOFF, now, ev,
+                             to, a[19]), h)
     end
     return {'illegal', 'unknown message type ' .. typ .. '.', st, blob}
   end
@@ -331,7 +339,7 @@ end
 -- The batch: its messages, then one MGET of what they read (budgets, later steps' records).
 local msgs, reads, seen = {}, {}, {}
 local k = 1
-for i = 2, #ARGV, 4 do
+for i = 3, #ARGV, 4 do
   local count = tonumber(ARGV[i])
   local a = cjson.decode(ARGV[i + 1])
   local m = {KEYS[k], KEYS[k + 1], {unpack(KEYS, k + 2, k + count - 1)}, a, ARGV[i + 2],
