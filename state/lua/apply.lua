@@ -68,9 +68,12 @@ local function budget_write(k, raw, px)
   BPX[k] = px or 0
 end
 
--- Apply one message: `key` its conversation, `okey` its orphan key, `bkeys` its budget
--- keys, `a` its fields, `j` its journal entry, `g` its guard.
-local function apply_one(key, okey, bkeys, a, j, g)
+-- Apply one message: its `count` keys are KEYS[f] .. (its conversation, its orphan key,
+-- then its budget keys), `a` its fields, `j` its journal entry, `g` its guard.
+local function apply_one(f, count, a, j, g)
+  local key, okey = KEYS[f], KEYS[f + 1]
+  -- Budget key i is KEYS[b + i], for i = 1 .. nb.
+  local b, nb = f + 1, count - 2
   local typ, id, from, to = a[1], a[2], a[3], a[4]
   local fk = a[18]
   local dc, dm = a[5], a[6]
@@ -128,7 +131,7 @@ local function apply_one(key, okey, bkeys, a, j, g)
   -- full starts that key's cooldown (a fresh window follows it) and is the one reported as
   -- tripping it. Keys expire once their windows or cooldown have passed.
   -- Returns nil without a guard (g becomes the decoded guard otherwise), else the state of
-  -- each key not cooling down (guard[i] for bkeys[i], `tripped` when this message found
+  -- each key not cooling down (guard[i] for budget key i, `tripped` when this message found
   -- it full) and what refuses the message (guard.refused, nil when it passes). One table
   -- and numeric loops: allocations and iterator calls are a large part of a step's cost.
   local function budgets()
@@ -136,8 +139,8 @@ local function apply_one(key, okey, bkeys, a, j, g)
     g = GUARDS[g] or decode_guard(g)
     local limit, window, cooldown = g[1], g[2], g[3]
     local guard = {}
-    for i = 1, #bkeys do
-      local raw = BUD[bkeys[i]]
+    for i = 1, nb do
+      local raw = BUD[KEYS[b + i]]
       local s = raw and decode_budget(raw)
       local v
       if s and s[1] > now then
@@ -167,13 +170,13 @@ local function apply_one(key, okey, bkeys, a, j, g)
   -- Start the cooldown of every budget this message found full.
   local function trip(guard)
     local cooldown = g[3]
-    for i = 1, #bkeys do
+    for i = 1, nb do
       local s = guard[i]
       if s and s.tripped then
         if cooldown > 0 then
-          budget_write(bkeys[i], cjson.encode({now + cooldown}), math.ceil(cooldown * 1000))
+          budget_write(KEYS[b + i], cjson.encode({now + cooldown}), math.ceil(cooldown * 1000))
         else
-          budget_write(bkeys[i], false)
+          budget_write(KEYS[b + i], false)
         end
       end
     end
@@ -182,11 +185,11 @@ local function apply_one(key, okey, bkeys, a, j, g)
   -- Count this message against every budget; a key lives until its next window ends.
   local function charge(guard)
     local window = g[2]
-    for i = 1, #bkeys do
+    for i = 1, nb do
       local s = guard[i]
       if s then
         s[4] = s[4] + 1
-        budget_write(bkeys[i], budget_json(s), math.ceil((s[2] + 2 * window - now) * 1000))
+        budget_write(KEYS[b + i], budget_json(s), math.ceil((s[2] + 2 * window - now) * 1000))
       end
     end
   end
@@ -336,27 +339,29 @@ local function apply_one(key, okey, bkeys, a, j, g)
   return result
 end
 
--- The batch: its messages, then one MGET of what they read (budgets, later steps' records).
-local msgs, reads, seen = {}, {}, {}
+-- The batch: its messages (the n-th: fields A[n], keys from KEYS[F[n]], C[n] of them; no
+-- table per message), then one MGET of what they read (budgets, later steps' records).
+local A, F, C, reads, seen = {}, {}, {}, {}, {}
 local k = 1
 for i = 3, #ARGV, 4 do
   local count = tonumber(ARGV[i])
   local a = cjson.decode(ARGV[i + 1])
-  local m = {KEYS[k], KEYS[k + 1], {unpack(KEYS, k + 2, k + count - 1)}, a, ARGV[i + 2],
-             ARGV[i + 3]}
-  k = k + count
-  msgs[#msgs + 1] = m
+  local n = #A + 1
+  A[n], F[n], C[n] = a, k, count
   -- seen[key] is the table its value goes to (records and budgets differ in prefix).
-  if a[1] ~= 'REQUEST' and a[1] ~= 'BROADCAST' and not seen[m[1]] then
-    seen[m[1]] = REC
-    reads[#reads + 1] = m[1]
+  local key = KEYS[k]
+  if a[1] ~= 'REQUEST' and a[1] ~= 'BROADCAST' and not seen[key] then
+    seen[key] = REC
+    reads[#reads + 1] = key
   end
-  for _, bk in ipairs(m[3]) do
+  for x = k + 2, k + count - 1 do
+    local bk = KEYS[x]
     if not seen[bk] then
       seen[bk] = BUD
       reads[#reads + 1] = bk
     end
   end
+  k = k + count
 end
 local got = {}
 sliced(reads, function(...)
@@ -365,12 +370,13 @@ end)
 for i, rk in ipairs(reads) do seen[rk][rk] = got[i] end
 
 local out = {}
-for i, m in ipairs(msgs) do
-  local ok, res = pcall(apply_one, unpack(m))
+for n = 1, #A do
+  local i = 4 * n - 1  -- message n's first argument (its key count)
+  local ok, res = pcall(apply_one, F[n], C[n], A[n], ARGV[i + 2], ARGV[i + 3])
   if not ok then
     res = redis.error_reply(type(res) == 'table' and res.err or tostring(res))
   end
-  out[i] = res
+  out[n] = res
 end
 flush_indices()
 for _, bk in ipairs(BK) do
