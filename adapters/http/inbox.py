@@ -68,9 +68,13 @@ local st = redis.call('HMGET', m, 'in', 'ack', 'lj', 'n')
 local total, acked, lj = tonumber(st[1] or 0), tonumber(st[2] or 0), st[3] or '0-0'
 local n = tonumber(st[4] or redis.call('XLEN', s))
 local out, last = {}, nil
+-- Each id parsed once: the last one taken here, each message's as it comes.
+local lm, ls = parse(lj)
 for i = 3, #ARGV, 3 do
   local jid, size, body = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  if jid ~= '' and not newer(jid, lj) then
+  local jm, js = 0, 0
+  if jid ~= '' then jm, js = parse(jid) end
+  if jid ~= '' and not (jm > lm or (jm == lm and js > ls)) then
     out[#out + 1] = {'dup', jid}
   elseif n + 1 > maxn then
     out[#out + 1] = {'full', 'it holds ' .. n .. ' messages (inbox_max ' .. maxn .. ')'}
@@ -83,7 +87,7 @@ for i = 3, #ARGV, 3 do
     total = total + size
     last = redis.call('XADD', s, '*', 'o', total, 'b', body)
     n = n + 1
-    if jid ~= '' then lj = jid end
+    if jid ~= '' then lj, lm, ls = jid, jm, js end
     out[#out + 1] = {'ok', last}
   end
 end
