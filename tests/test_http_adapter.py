@@ -30,6 +30,9 @@ from adapters.base import (
     Outbound,
     OutboundKind,
     Receipt,
+    WebRequest,
+    WebResponse,
+    WebRoute,
     create_adapter,
 )
 from adapters.http import HttpAdapter
@@ -424,6 +427,20 @@ def test_token_auth_reads_every_spelling_of_the_header() -> None:
     assert auth_.identify("Bearer tok-pad-1") is None
 
 
+def test_webhook_routes_may_not_clash(redis: aioredis.Redis, namespace: str) -> None:
+    async def hook(request: WebRequest) -> WebResponse:
+        return WebResponse(200)
+
+    transport = make_transport(redis, namespace)
+    for path in ("/v1/hook", "/healthz", "/metrics"):
+        with pytest.raises(ConfigError, match="clashes with the HTTP API"):
+            transport.serve_routes([WebRoute(path, hook, transport="tg")])
+    with pytest.raises(ConfigError, match=r"tg2: POST /hook is served for another transport"):
+        transport.serve_routes(
+            [WebRoute("/hook", hook, transport="tg"), WebRoute("/hook", hook, transport="tg2")]
+        )
+
+
 @pytest.mark.parametrize(
     ("head", "status", "code", "allow"),
     [
@@ -434,16 +451,31 @@ def test_token_auth_reads_every_spelling_of_the_header() -> None:
         (b"PUT /v1/agents/bob/inbox HTTP/1.1", 405, "method_not_allowed", "GET,HEAD"),
         (b"POST /healthz HTTP/1.1", 405, "method_not_allowed", "GET,HEAD"),
         (b"DELETE /v1/commands HTTP/1.1", 405, "method_not_allowed", "POST"),
+        (b"PUT /hook HTTP/1.1", 405, "method_not_allowed", "POST"),
+        (b"GET /v1/agents/a%7Bb/inbox HTTP/1.1", 404, "not_found", None),  # no { in a name
+        # An expectation the server does not know, on any target, before routing.
+        (b"POST /v1/messages HTTP/1.1\r\nExpect: 200-ok", 417, "expectation_failed", None),
+        (b"GET /nothing HTTP/1.1\r\nExpect: 200-ok", 417, "expectation_failed", None),
     ],
 )
 async def test_any_target_and_method_is_answered_in_the_error_shape(
-    adapter: HttpAdapter, head: bytes, status: int, code: str, allow: str | None
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str,
+    head: bytes, status: int, code: str, allow: str | None
 ) -> None:
-    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(head + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
-    answer = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
+    async def hook(request: WebRequest) -> WebResponse:
+        return WebResponse(200)
+
+    adapter = make_transport(redis, namespace)
+    adapter.serve_routes([WebRoute("/hook", hook, transport="tg")])
+    await adapter.start(sink)
+    try:
+        host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        await adapter.stop()
     top, _, body = answer.partition(b"\r\n\r\n")
     assert top.startswith(b"HTTP/1.1 %d " % status)
     assert json.loads(body)["error"]["code"] == code
@@ -456,14 +488,14 @@ async def test_any_target_and_method_is_answered_in_the_error_shape(
     ("target", "expect", "status"),
     [
         ("/v1/messages?x=1", False, 200),
-        ("/v1/%6Dessages", False, 200),  # decoded as the router decodes it
+        ("/v1/%6Dessages", False, 200),  # decoded as aiohttp's router decoded it
         ("http://x/v1/messages", False, 200),  # absolute form
         ("/v1/messages", True, 200),  # Expect: 100-continue is answered first
         ("/v1%2Fmessages", False, 404),  # an encoded slash is not a path separator
         ("/V1/messages", False, 404),
     ],
 )
-async def test_posts_take_the_routers_way_whatever_the_target(
+async def test_a_post_is_routed_by_its_decoded_path_whatever_the_target_form(
     adapter: HttpAdapter, sink: RecordingSink, target: str, expect: bool, status: int
 ) -> None:
     host, port = adapter.url.removeprefix("http://").rsplit(":", 1)

@@ -4,8 +4,8 @@ aiohttp has header and idle timeouts (its keep-alive timeout also closes a conne
 that never completes its first request) but no connection limit, so a flood of silent or
 trickling sockets could take every file descriptor and leave ``/healthz`` and agents
 with connection resets. The ``ConnectionGuard`` counts connections through a thin
-protocol wrapper around aiohttp's own request handler (``runner.server`` is the protocol
-factory) and, at the cap, makes room as busy servers do: a new connection evicts the
+protocol wrapper around aiohttp's own request handler (aiohttp's low-level ``web.Server``
+is the protocol factory) and, at the cap, makes room as busy servers do: a new connection evicts the
 connection idle the longest (one that has not completed a request yet, or an idle
 keep-alive one). Connections with a request in progress (a long-poll, a body being read
 under its own timeout) are never evicted; when every connection is busy the new one is
@@ -18,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 log = logging.getLogger("bpgw.adapters.http")
+
+RequestHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+"""A request handler of aiohttp's low-level server."""
 
 
 class _Slot:
@@ -131,20 +133,15 @@ class ConnectionGuard:
 
     def serving(
         self,
-        handler: Handler,
-        on_error: Callable[[web.Request, Exception], web.StreamResponse | None],
-    ) -> Handler:
-        """``handler`` marking its connection busy while it runs (never evicted
-        meanwhile), with an exception it raises answered by ``on_error`` (re-raised when
-        that gives None).
-
-        One wrapper per route instead of aiohttp middlewares: an application without
-        middlewares skips aiohttp's per-request middleware chain (three coroutine layers
-        with its own), which every request paid for.
-        """
+        handler: RequestHandler,
+        on_error: Callable[[web.BaseRequest, Exception], web.StreamResponse | None],
+    ) -> RequestHandler:
+        """``handler`` (the server's request handler) marking its connection busy while
+        it runs (never evicted meanwhile), with an exception it raises answered by
+        ``on_error`` (re-raised when that gives None)."""
         slots = self._slots
 
-        async def serve(request: web.Request) -> web.StreamResponse:
+        async def serve(request: web.BaseRequest) -> web.StreamResponse:
             transport = request.transport
             slot = slots.get(transport) if transport is not None else None
             if slot is not None:

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import itertools
 import json
 import logging
+import re
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from json.encoder import encode_basestring as _json_str
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
+from aiohttp import HttpVersion11, hdrs, web
 from pydantic import BaseModel
 
 from adapters.base import (
@@ -42,7 +43,7 @@ from adapters.base import (
     WebRoute,
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
-from adapters.http.connections import ConnectionGuard, fit_descriptor_limit
+from adapters.http.connections import ConnectionGuard, RequestHandler, fit_descriptor_limit
 from adapters.http.inbox import ACK_ID, Inboxes, inbox_body
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
@@ -52,6 +53,7 @@ from adapters.http.wire import (
     ApiError,
     CommandBody,
     error_answer,
+    error_response,
     message_fields,
     parse_as,
     query_number,
@@ -62,12 +64,11 @@ from adapters.http.wire import (
 from adapters.options import load_options
 from protocol.names import name_key
 
-if TYPE_CHECKING:
-    from yarl import URL
-
 log = logging.getLogger("bpgw.adapters.http")
-RequestHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+# A handler of a path with a parameter (an agent's name, a RequestId): called with its value.
+PathHandler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
 BodyT = TypeVar("BodyT", bound=BaseModel)
+HandlerT = TypeVar("HandlerT")
 
 # Dispositions answered with 422: the gateway looked at the message and refused it.
 REFUSED_OUTCOMES = frozenset({"malformed", "rejected"})
@@ -153,57 +154,37 @@ def answer_json(native_id: str, disposition: Disposition) -> str:
     )
 
 
-def _not_allowed(methods: frozenset[str]) -> Handler:
-    """A handler answering 405 with ``Allow: methods``, as aiohttp's router would."""
-
-    async def refuse(request: web.Request) -> web.StreamResponse:
-        raise web.HTTPMethodNotAllowed(request.method, methods)
-
-    return refuse
+def _get_and_head(handler: HandlerT) -> dict[str, HandlerT]:
+    """``handler`` for GET and HEAD (aiohttp leaves the body out of a HEAD's answer)."""
+    return {hdrs.METH_GET: handler, hdrs.METH_HEAD: handler}
 
 
-async def _not_found(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPNotFound()
+def _not_allowed(methods: Mapping[str, object]) -> web.Response:
+    """405 with ``Allow: methods``, in the words aiohttp's router used."""
+    allow = ",".join(sorted(methods))
+    return error_response(405, "405: Method Not Allowed", headers={hdrs.ALLOW: allow})
 
 
-class _EveryTarget(web.AbstractResource):
-    """A resource every request target matches, even one not starting with ``/``
-    (``OPTIONS *``), which no path pattern can: registered last, it is the router's 404."""
+def _path_value(raw: str) -> str:
+    """A path parameter as aiohttp's router gives it: the target's path is decoded but
+    for ``%2F`` and ``%25`` (``path_safe``), which are decoded in the value only."""
+    if "%" not in raw:
+        return raw
+    return raw.replace("%2F", "/").replace("%25", "%")
 
-    def __init__(self, handler: Handler) -> None:
-        super().__init__()
-        self._route = web.ResourceRoute(hdrs.METH_ANY, handler, self)
 
-    @property
-    def canonical(self) -> str:
-        """Indexed at the root, which the router consults last for every target."""
-        return "/"
-
-    def url_for(self, **kwargs: str) -> URL:
-        """No URL of its own."""
-        raise RuntimeError("the catch-all route has no URL")
-
-    async def resolve(self, request: web.Request) -> tuple[web.UrlMappingMatchInfo, set[str]]:
-        """Matches every request, any method."""
-        return web.UrlMappingMatchInfo({}, self._route), {hdrs.METH_ANY}
-
-    def add_prefix(self, prefix: str) -> None:
-        """Never mounted under a prefix."""
-        raise RuntimeError("the catch-all route is not for sub-applications")
-
-    def get_info(self) -> Any:  # aiohttp's own type for it is private
-        """Nothing to describe."""
-        return {}
-
-    def raw_match(self, path: str) -> bool:
-        """Never the resource a route is added to by path."""
-        return False
-
-    def __len__(self) -> int:
-        return 1
-
-    def __iter__(self) -> Iterator[web.AbstractRoute]:
-        return iter((self._route,))
+async def _expect(request: web.BaseRequest, expect: str) -> None:
+    """Answer an ``Expect`` header before the body is read, as aiohttp's router did for
+    every target: ``100 Continue`` on HTTP/1.1; an unknown expectation is a 417 (in the
+    JSON error shape; the router's was plain text)."""
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise ApiError(417, f"Unknown Expect: {expect}")
+    writer = request.writer
+    await writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    writer.output_size = 0  # the answer's own size counts from here
+    await writer.drain()
 
 
 def _ids(message: Outbound) -> dict[str, str | None]:
@@ -211,13 +192,18 @@ def _ids(message: Outbound) -> dict[str, str | None]:
     return {"request_id": message.request_id, "trace_id": message.trace_id}
 
 
-def _client_gone(request: web.Request) -> bool:
+def _client_gone(request: web.BaseRequest) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
 
 
 class HttpAdapter(Adapter):
-    """Transport kind ``http``: a local aiohttp server with per-agent bearer tokens."""
+    """Transport kind ``http``: a local aiohttp server with per-agent bearer tokens.
+
+    It runs on aiohttp's low-level server (no application, router or middlewares): one
+    handler of ours, ``_serve``, looks a request's path up in ``_paths`` (exact paths)
+    and ``_patterns`` (the paths with a parameter) and answers as aiohttp's router did.
+    """
 
     # Native ids are minted per POST (a retry is a new POST): no cross-replica claim.
     capabilities = Capabilities(
@@ -240,12 +226,26 @@ class HttpAdapter(Adapter):
         self._token_keys = frozenset(name_key(agent) for agent in self.settings.tokens)
         self._inboxes_store: Inboxes | None = None
         self._sink: GatewaySink | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self._listener: asyncio.Server | None = None
         self._guard = ConnectionGuard(self.settings.max_connections)
         self._url: str | None = None
         self._stopping = False
-        self._routes: list[WebRoute] = []
+        # The API's paths; serve_routes adds other transports' webhooks.
+        self._paths: dict[str, dict[str, RequestHandler]] = {
+            "/v1/messages": {hdrs.METH_POST: self._post_message},
+            "/v1/commands": {hdrs.METH_POST: self._post_command},
+            "/v1/conversations": _get_and_head(self._list_conversations),
+            "/healthz": _get_and_head(self._healthz),
+            "/metrics": _get_and_head(self._metrics),
+        }
+        # Tried in order when no exact path is the target's; a parameter is what
+        # aiohttp's ``{name}`` matched: anything but ``/``, ``{`` and ``}``.
+        self._patterns: tuple[tuple[re.Pattern[str], dict[str, PathHandler]], ...] = (
+            (re.compile(r"/v1/agents/([^{}/]+)/inbox"), _get_and_head(self._get_inbox)),
+            (re.compile(r"/v1/agents/([^{}/]+)/inbox/ack"), {hdrs.METH_POST: self._post_ack}),
+            (re.compile(r"/v1/conversations/([^{}/]+)"), _get_and_head(self._get_conversation)),
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -256,54 +256,24 @@ class HttpAdapter(Adapter):
             raise RuntimeError(f"http transport {self.name} is not running")
         return self._url
 
-    def make_app(self) -> web.Application:
-        """The aiohttp application with every route, each answering errors in the JSON
-        error shape (``error_answer``), an unknown route (404) and a wrong method (405,
-        with ``Allow``) too."""
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
-        # (path, method, handler, with HEAD); a path's methods share one resource.
-        table: list[tuple[str, str, Handler, bool]] = [
-            ("/v1/messages", "POST", self._post_message, False),
-            ("/v1/agents/{name}/inbox", "GET", self._get_inbox, True),
-            ("/v1/agents/{name}/inbox/ack", "POST", self._post_ack, False),
-            ("/v1/commands", "POST", self._post_command, False),
-            ("/v1/conversations", "GET", self._list_conversations, True),
-            ("/v1/conversations/{request_id}", "GET", self._get_conversation, True),
-            ("/healthz", "GET", self._healthz, True),
-            ("/metrics", "GET", self._metrics, True),
-        ]
-        table += [(r.path, r.method, self._web_handler(r), False) for r in self._routes]
-        serving = self._guard.serving
-        for path in dict.fromkeys(path for path, *_ in table):
-            resource = app.router.add_resource(path)
-            for at, method, handler, head in table:
-                if at == path:
-                    if head:
-                        resource.add_route(hdrs.METH_HEAD, serving(handler, error_answer))
-                    resource.add_route(method, serving(handler, error_answer))
-            allowed = frozenset(route.method for route in resource)
-            if hdrs.METH_ANY not in allowed:
-                resource.add_route(hdrs.METH_ANY, serving(_not_allowed(allowed), error_answer))
-        # Last, consulted when nothing else matches: any target (``*`` too) is a JSON 404.
-        app.router.register_resource(_EveryTarget(serving(_not_found, error_answer)))
-        return app
-
-    def _posts_first(self, routed: RequestHandler) -> RequestHandler:
-        """``routed`` (the application's own request handling), but a post of a message,
-        most of the traffic, goes straight to its handler, as the router would send it
-        (the router's path test; an ``Expect`` header, which the application answers
-        first, takes the long way): no routing, match information or response-prepare
-        signals for it (about 5% of the server's instructions per post)."""
-        post = self._guard.serving(self._post_message, error_answer)
-
-        async def handle(request: web.BaseRequest) -> web.StreamResponse:
-            if (request.method == "POST" and request.rel_url.path_safe == "/v1/messages"
-                    and hdrs.EXPECT not in request.headers):
-                # The application's request factory made it: a web.Request.
-                return await post(cast(web.Request, request))
-            return await routed(request)
-
-        return handle
+    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request: the handler of its path and method; else 404, or 405 with
+        ``Allow`` when the path has other methods, as aiohttp's router answered them."""
+        if expect := request.headers.get(hdrs.EXPECT):
+            await _expect(request, expect)
+        # The path decoded but for %2F and %25, as the router matched it.
+        path = request.rel_url.path_safe
+        methods = self._paths.get(path)
+        if methods is not None:
+            handler = methods.get(request.method)
+            return _not_allowed(methods) if handler is None else await handler(request)
+        for pattern, at in self._patterns:
+            if (found := pattern.fullmatch(path)) is not None:
+                by_path = at.get(request.method)
+                if by_path is None:
+                    return _not_allowed(at)
+                return await by_path(request, _path_value(found[1]))
+        return error_response(404, "404: Not Found")  # (the router's words)
 
     def serve_routes(self, routes: Sequence[WebRoute]) -> None:
         """Serve other transports' webhook routes next to the API (before ``start``)."""
@@ -313,10 +283,16 @@ class HttpAdapter(Adapter):
                     f"transports.{route.transport}: route {route.path} clashes with the "
                     "HTTP API's endpoints"
                 )
-        self._routes = list(routes)
+            methods = self._paths.setdefault(route.path, {})
+            if route.method in methods:
+                raise ConfigError(
+                    f"transports.{route.transport}: {route.method} {route.path} is served "
+                    "for another transport already"
+                )
+            methods[route.method] = self._web_handler(route)
 
-    def _web_handler(self, route: WebRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
+    def _web_handler(self, route: WebRoute) -> RequestHandler:
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
             s = self.settings
             body = await read_bytes(request, s.max_body_bytes, s.body_timeout_seconds)
             answer = await route.handler(WebRequest(dict(request.headers), body, request.remote))
@@ -357,27 +333,29 @@ class HttpAdapter(Adapter):
         self._stopping = False
         s = self.settings
         self._guard.limit = fit_descriptor_limit(s.max_connections)
-        # aiohttp's keep-alive timeout also runs from the connection's start, so it closes
-        # a connection whose first request head is incomplete (silent or trickling).
-        runner = web.AppRunner(
-            self.make_app(),
+        loop = asyncio.get_running_loop()
+        server = web.Server(
+            self._guard.serving(self._serve, error_answer),
+            # aiohttp's own request, with the body limit (a chunked body is cut off there).
+            request_factory=functools.partial(
+                web.BaseRequest, loop=loop, client_max_size=s.max_body_bytes
+            ),
             access_log=None,
-            shutdown_timeout=SHUTDOWN_SECONDS,
+            # aiohttp's keep-alive timeout also runs from the connection's start, so it
+            # closes a connection whose first request head is incomplete (silent or
+            # trickling).
             keepalive_timeout=s.header_timeout_seconds,
             # After an answer sent before the body was read (401, 408), the rest of the
             # body is read and dropped at most this long, then the connection closes.
             lingering_time=s.header_timeout_seconds,
         )
+        runner = web.ServerRunner(server, shutdown_timeout=SHUTDOWN_SECONDS)
         await runner.setup()
-        assert runner.server is not None
-        server = runner.server
-        if hasattr(server, "request_handler"):  # (else every request is routed: no harm)
-            server.request_handler = self._posts_first(server.request_handler)
         try:
             # The listener is ours (not a TCPSite) so the guard sees every connection:
             # aiohttp's server is the protocol factory it wraps.
-            listener = await asyncio.get_running_loop().create_server(
-                self._guard.protocol_factory(runner.server), s.host, s.port, backlog=1024
+            listener = await loop.create_server(
+                self._guard.protocol_factory(server), s.host, s.port, backlog=1024
             )
         except OSError as exc:
             await runner.cleanup()
@@ -516,7 +494,7 @@ class HttpAdapter(Adapter):
             raise RuntimeError(f"http transport {self.name} has not been started")
         return self._sink
 
-    def _caller(self, request: web.Request) -> Caller:
+    def _caller(self, request: web.BaseRequest) -> Caller:
         caller = self._auth.identify(request.headers.get("Authorization"))
         if caller is None:
             raise ApiError(
@@ -526,13 +504,13 @@ class HttpAdapter(Adapter):
             )
         return caller
 
-    async def _body(self, request: web.Request, model: type[BodyT]) -> BodyT:
+    async def _body(self, request: web.BaseRequest, model: type[BodyT]) -> BodyT:
         s = self.settings
         return parse_as(model, await read_body(request, s.max_body_bytes, s.body_timeout_seconds))
 
     # -- handlers --------------------------------------------------------------------
 
-    async def _post_message(self, request: web.Request) -> web.Response:
+    async def _post_message(self, request: web.BaseRequest) -> web.Response:
         caller = self._caller(request)
         if caller.is_operator:
             raise ApiError(403, "operator tokens send commands (POST /v1/commands), not messages")
@@ -570,17 +548,15 @@ class HttpAdapter(Adapter):
             body=answer_json(native_id, disposition).encode(), status=status, headers=headers
         )
 
-    async def _inbox_owner(self, request: web.Request) -> str:
+    async def _check_reader(self, request: web.BaseRequest, owner: str) -> None:
         caller = self._caller(request)
-        owner = request.match_info["name"]
         if not caller.may_read(owner):
             raise ApiError(403, f"{caller.name} may not read the inbox of {owner}")
         if name_key(owner) not in self._token_keys and not await self._inboxes.exists(owner):
             raise ApiError(404, f"no inbox for {owner}")
-        return owner
 
-    async def _get_inbox(self, request: web.Request) -> web.Response:
-        owner = await self._inbox_owner(request)
+    async def _get_inbox(self, request: web.BaseRequest, owner: str) -> web.Response:
+        await self._check_reader(request, owner)
         wait = query_number(request, "wait", 0.0, minimum=0, maximum=float("inf"), integer=False)
         limit = int(
             query_number(request, "max", DEFAULT_INBOX_BATCH, minimum=1, maximum=INBOX_MAX_BATCH)
@@ -601,14 +577,14 @@ class HttpAdapter(Adapter):
             text='{"messages":[' + ",".join(messages) + "]}", content_type=JSON_TYPE
         )
 
-    async def _post_ack(self, request: web.Request) -> web.Response:
-        owner = await self._inbox_owner(request)
+    async def _post_ack(self, request: web.BaseRequest, owner: str) -> web.Response:
+        await self._check_reader(request, owner)
         body = await self._body(request, AckBody)
         ack = _ack_id(body.id)
         await self._inboxes.take(owner, 0, 0.0, ack=ack)
         return web.json_response({"acked": ack})
 
-    async def _post_command(self, request: web.Request) -> web.Response:
+    async def _post_command(self, request: web.BaseRequest) -> web.Response:
         caller = self._caller(request)
         body = await self._body(request, CommandBody)
         name, args = body.resolve()
@@ -625,7 +601,7 @@ class HttpAdapter(Adapter):
         log.info("command %s from %s: ok=%s", name, caller.name, result.ok)
         return web.json_response(result.to_dict())
 
-    async def _list_conversations(self, request: web.Request) -> web.Response:
+    async def _list_conversations(self, request: web.BaseRequest) -> web.Response:
         self._caller(request)
         offset = int(query_number(request, "offset", 0, minimum=0, maximum=2**31))
         limit = int(query_number(request, "limit", DEFAULT_PAGE, minimum=1, maximum=PAGE_MAX))
@@ -637,15 +613,14 @@ class HttpAdapter(Adapter):
         )
         return web.json_response({"conversations": found})
 
-    async def _get_conversation(self, request: web.Request) -> web.Response:
+    async def _get_conversation(self, request: web.BaseRequest, request_id: str) -> web.Response:
         self._caller(request)
-        request_id = request.match_info["request_id"]
         found = await self.sink.conversation(request_id)
         if found is None:
             raise ApiError(404, f"no conversation {request_id}")
         return web.json_response(found)
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    async def _healthz(self, request: web.BaseRequest) -> web.Response:
         health = await self.sink.check_health()
         # 503 while any part fails, so a load balancer can act on it.
         if health.get("status") == "ok":
@@ -653,7 +628,7 @@ class HttpAdapter(Adapter):
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         return web.json_response(health, status=503, headers=headers)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, request: web.BaseRequest) -> web.Response:
         if not self._metrics_access.allows(request.headers.get("Authorization")):
             raise ApiError(
                 401,

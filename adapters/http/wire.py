@@ -1,8 +1,8 @@
 """Request parsing and the JSON error shape of the HTTP API.
 
 Every error leaves the server as ``{"error": {"code": "...", "message": "..."}}``:
-``ApiError`` for the errors handlers raise, aiohttp's ``HTTPException`` (unknown route,
-wrong method, oversize body) translated by ``error_answer``, the gateway's ``QueryError``
+``ApiError`` for the errors handlers raise, aiohttp's ``HTTPException`` (an oversize
+chunked body) translated by ``error_answer``, the gateway's ``QueryError``
 as 400 and ``Unavailable`` (or the inboxes' Redis failing) as 503 with ``Retry-After``.
 Never a 500: an unexpected exception is logged and answered 503 with ``Retry-After``.
 """
@@ -38,6 +38,7 @@ ERROR_CODES: Mapping[int, str] = {
     408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    417: "expectation_failed",
     503: "unavailable",
 }
 RETRY_AFTER_SECONDS = 1
@@ -82,7 +83,7 @@ def unavailable(message: str, retry_after: float = RETRY_AFTER_SECONDS) -> web.R
     return error_response(503, message, headers={"Retry-After": seconds})
 
 
-def error_answer(request: web.Request, exc: Exception) -> web.StreamResponse | None:
+def error_answer(request: web.BaseRequest, exc: Exception) -> web.StreamResponse | None:
     """The JSON error shape for an exception a handler raised: a documented 4xx, or 503
     with ``Retry-After`` (an unexpected exception is logged and answered 503, never 500);
     None for one to re-raise (a redirect, the client going away: aiohttp handles those)."""
@@ -111,7 +112,7 @@ def error_answer(request: web.Request, exc: Exception) -> web.StreamResponse | N
     return unavailable("unexpected server error; see the gateway log; retry")
 
 
-async def read_bytes(request: web.Request, max_bytes: int, within: float) -> bytes:
+async def read_bytes(request: web.BaseRequest, max_bytes: int, within: float) -> bytes:
     """The raw request body, at most ``max_bytes``, arrived whole within ``within`` s.
 
     Oversize bodies are refused (413) from ``Content-Length`` before reading (and aiohttp's
@@ -142,7 +143,7 @@ async def read_bytes(request: web.Request, max_bytes: int, within: float) -> byt
         ) from None
 
 
-async def read_body(request: web.Request, max_bytes: int, within: float) -> Any:
+async def read_body(request: web.BaseRequest, max_bytes: int, within: float) -> Any:
     """The request body (see ``read_bytes``) as JSON, or ``{"text": <body>}`` for a
     ``text/plain`` body."""
     if request.headers.get(hdrs.CONTENT_TYPE) == JSON_TYPE:
@@ -211,7 +212,7 @@ def _usual_message(data: Any) -> tuple[str, str | None] | None:
 
 
 def query_number(
-    request: web.Request,
+    request: web.BaseRequest,
     name: str,
     default: float,
     *,
@@ -233,7 +234,7 @@ def query_number(
     return value
 
 
-def query_text(request: web.Request, name: str) -> str | None:
+def query_text(request: web.BaseRequest, name: str) -> str | None:
     """An optional text query parameter (absent or empty is None)."""
     return request.query.get(name) or None
 
