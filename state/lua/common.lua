@@ -34,6 +34,14 @@ local function sliced(list, f)
   end
 end
 
+-- redis.call(cmd, key, ...) with the items of list, in slices as sliced() (a closure for
+-- sliced() is an allocation per call: flush_indices makes two per sorted set per batch).
+local function call_sliced(cmd, key, list)
+  for i = 1, #list, 1000 do
+    redis.call(cmd, key, unpack(list, i, math.min(i + 999, #list)))
+  end
+end
+
 -- Index writes, combined: apply.lua runs a batch of messages and writes each sorted set
 -- and each counter once at its end (a batch of new REQUESTs costs one ZADD per index,
 -- not one per message). enter, party and move only buffer; a script using them calls
@@ -76,8 +84,8 @@ local function flush_indices()
         dels[#dels + 1] = member
       end
     end
-    sliced(dels, function(...) redis.call('ZREM', key, ...) end)
-    sliced(adds, function(...) redis.call('ZADD', key, ...) end)
+    call_sliced('ZREM', key, dels)
+    call_sliced('ZADD', key, adds)
   end
   for _, key in ipairs(HK) do
     for field, n in pairs(HW[key]) do
