@@ -31,7 +31,13 @@ from protocol.models import (
     checked_constructor,
 )
 from protocol.names import check_name
-from protocol.text import ZWSP, lone_surrogate, normalize_newlines, unescape_fences
+from protocol.text import (
+    ZWSP,
+    lone_surrogate,
+    normalize_newlines,
+    only_lf_breaks,
+    unescape_fences,
+)
 from protocol.values import parse_depth, parse_priority, parse_status
 
 FENCE = "```"
@@ -124,9 +130,13 @@ def parse(text: str | bytes, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) 
     found = False
     # A text of at most limit/4 characters can not hold a block over the limit.
     check_size = len(text) > max_block_bytes // 4
-    has_zwsp = ZWSP in text
-    has_surrogate = lone_surrogate(text) is not None
-    for number, content, closed, joined in _fenced_blocks(normalize_newlines(text)):
+    if only_lf_breaks(text):  # the usual text: nothing to normalise or look for
+        has_zwsp = has_surrogate = False
+    else:
+        has_zwsp = ZWSP in text
+        has_surrogate = lone_surrogate(text) is not None
+        text = normalize_newlines(text)
+    for number, content, closed, joined in _fenced_blocks(text):
         # The header is the first non-empty line; anything else makes ordinary chat.
         head = 0
         for line in content:

@@ -49,9 +49,20 @@ def normalize_newlines(text: str) -> str:
     """Read CRLF and every other line boundary of ``str.splitlines`` as LF."""
     if "\r" in text:
         return _BREAKS.sub("\n", text)
-    if text.isascii() and text.isprintable():
-        return text  # (no line break of any kind: the common one-line value)
+    if only_lf_breaks(text):
+        return text
     return _OTHER_BREAKS.sub("\n", text) if _OTHER_BREAKS.search(text) else text
+
+
+def only_lf_breaks(text: str) -> bool:
+    """True when ``text`` holds printable characters and LFs only: then it has no other
+    line break, no lone surrogate and no U+200B, none of which is printable.
+
+    One or two C scans (``str.isprintable`` is a table look-up a character), where a
+    regular expression search for either costs several times as much on non-ASCII
+    text (an arrow in a header makes a protocol block non-ASCII). False says nothing:
+    search then."""
+    return text.isprintable() or ("\n" in text and text.replace("\n", "").isprintable())
 
 
 def join_value(lines: list[str]) -> str:
