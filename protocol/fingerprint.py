@@ -31,7 +31,10 @@ def fingerprint_and_render(msg: Message | MessageBase) -> tuple[str, str]:
 def _of_unsigned(msg: Message | MessageBase, unsigned: str) -> str:
     """The fingerprint of ``msg`` from its rendering without KeyId and Signature."""
     content = hashlib.sha256(unsigned.encode("utf-8", "surrogatepass")).hexdigest()
-    identity = "\n".join(
-        (getattr(msg, "type").value, msg.request_id, msg.sender, str(msg.depth), content)  # noqa: B009
+    fields = msg.__dict__  # (str() of a StrEnum is its value, as str() of a Depth is c/m)
+    depth = fields["depth"]
+    identity = (
+        f"{fields['type']!s}\n{fields['request_id']}\n{fields['sender']}\n"
+        f"{depth.current}/{depth.max}\n{content}"
     )
     return hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
