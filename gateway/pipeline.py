@@ -160,8 +160,9 @@ class Pipeline:
                 )
             )
         cap = self._config.policy.max_blocks_per_message
+        address = env.address  # (a new Address on every access)
         for msg in parsed.messages[:cap]:
-            results.append(await self._handle_message(env, msg, origin))
+            results.append(await self._handle_message(env, msg, origin, address))
         if len(parsed.messages) > cap:
             results.append(await self._too_many_blocks(env, parsed.messages[cap:], cap))
         return self._count(_combine(results))
@@ -264,9 +265,11 @@ class Pipeline:
 
     # -- one message ----------------------------------------------------------------
 
-    async def _handle_message(self, env: Envelope, msg: Message, origin: Origin
-                              ) -> Disposition:
-        rejection = await self._authenticate(env, msg)
+    async def _handle_message(self, env: Envelope, msg: Message, origin: Origin,
+                              address: Address) -> Disposition:
+        """One message of ``env`` (which came from ``origin``, seen at ``address``)."""
+        identity = env.identity
+        rejection = await self._authenticate(msg, identity, address)
         if rejection is None and msg.type in DEPTH_BOUNDED_TYPES and msg.depth.at_limit:
             rejection = _Rejection(
                 "depth",
@@ -276,9 +279,10 @@ class Pipeline:
         if rejection is not None:
             return await self._reject(env, msg, rejection)
         fp, rendered = fingerprint_and_render(msg)
-        address = env.address  # (a new Address on every access)
         targets = await self._targets(msg, address, None)
-        if not msg.is_broadcast and not any(r for _, r in targets):
+        # No agent's address among the targets (mirrors only, or none at all).
+        unheld = not msg.is_broadcast and not any(r for _, r in targets)
+        if unheld:
             refused = await self._unholdable_recipient(msg)
             if refused is not None:
                 return await self._reject(env, msg, refused)
@@ -288,7 +292,7 @@ class Pipeline:
             self._entry(msg, targets, sender_at=address, text=rendered) if targets else ""
         )
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
-        budget = self._budget.budget(msg.sender, msg.to, env.identity)
+        budget = self._budget.budget(msg.sender, msg.to, identity)
         applied = await self._store.apply(
             msg, origin, fingerprint=fp, journal=entry, budget=budget
         )
@@ -329,14 +333,10 @@ class Pipeline:
                 ),
             )
         warnings = self._warnings(msg, targets)
-        if (
-            not msg.is_broadcast
-            and not any(r for _, r in targets)
-            and not await self._directory.addresses(msg.to)
-        ):
+        if unheld and not await self._directory.addresses(msg.to):
             warnings.insert(0, _no_address(msg))
             await self._notify(
-                env.address,
+                address,
                 notices.rejected(
                     f"delivery of {msg.type} to @{msg.to}",
                     f"@{msg.to} has no known address; declare it under [agents.{msg.to}] "
@@ -400,7 +400,8 @@ class Pipeline:
                 )
         return out
 
-    async def _authenticate(self, env: Envelope, msg: Message) -> _Rejection | None:
+    async def _authenticate(self, msg: Message, identity: str, address: Address
+                            ) -> _Rejection | None:
         # The identity check comes last: under tofu it binds the name, and a message
         # that fails its Signature or squats a RequestId must not bind anything.
         key = await self._directory.public_key(msg.sender)
@@ -423,9 +424,9 @@ class Pipeline:
                     f"only @{owner} may open it. Use a RequestId of your own, like "
                     f"{new_request_id(msg.sender)}",
                 )
-        check = await self._directory.check_sender(msg.sender, env.identity, env.address)
+        check = await self._directory.check_sender(msg.sender, identity, address)
         if not check.ok:
-            return _identity_rejection(check, msg, env.identity)
+            return _identity_rejection(check, msg, identity)
         return None
 
     async def _reject(
