@@ -44,12 +44,18 @@ class PairBudget:
     """The ``[policy]`` pair budget as the store's ``Budget`` for one message."""
 
     def __init__(self, policy: PolicySection) -> None:
-        self._limit = policy.pair_budget_messages
-        self._window = policy.pair_budget_window_seconds
-        self._cooldown = policy.pair_cooldown_seconds
+        limit = policy.pair_budget_messages
+        window = policy.pair_budget_window_seconds
+        cooldown = policy.pair_cooldown_seconds
+
+        # A Budget is immutable and a pure function of the names: one per agent pair and
+        # identity, not one per message (bounded like ``budget_names``).
+        @lru_cache(maxsize=4096)
+        def budget(sender: str, recipient: str, identity: str | None) -> Budget:
+            return Budget(budget_names(sender, recipient, identity), limit, window, cooldown)
+
+        self._budget = budget
 
     def budget(self, sender: str, recipient: str, identity: str | None) -> Budget:
         """What a message from ``sender`` (speaking as ``identity``) to ``recipient`` uses."""
-        return Budget(
-            budget_names(sender, recipient, identity), self._limit, self._window, self._cooldown
-        )
+        return self._budget(sender, recipient, identity)
