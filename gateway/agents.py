@@ -522,7 +522,8 @@ class AgentDirectory:
             unknown.append(key)
         # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
         # name bound on another replica owns its ids here within CACHE_SECONDS).
-        unknown = [k for k in unknown if not self._nobody.get(k)[0]]
+        if unknown:
+            unknown = [k for k in unknown if not self._nobody.get(k)[0]]
         if unknown:
             bound = await self._redis.hmget(self._prefix + "identity", unknown)
             for key, who in zip(unknown, bound, strict=True):
@@ -536,10 +537,10 @@ class AgentDirectory:
 
     async def public_key(self, name: str) -> Ed25519PublicKey | None:
         """The Ed25519 key an agent must sign with: from config, else registered, else None."""
-        agent = self.declared(name)
+        key = name_key(name)
+        agent = self._declared.get(key)
         if agent is not None and agent.public_key is not None:
             return agent.public_key
-        key = name_key(name)
         hit, cached = self._key_cache.get(key)
         if hit:
             return cached
