@@ -281,9 +281,13 @@ class Gateway:
             (disposition,) = await self.on_envelopes([envelope])
             return disposition
         # No inbound claim to take or settle (the HTTP path): straight to the pipeline.
-        await self._started.wait()
+        # (Each await below is skipped when it has nothing to do: a coroutine made and
+        # run per message costs more than the check.)
+        if not self._started.is_set():
+            await self._started.wait()
         disposition = await self._handle(envelope)
-        await self._committed(envelope, disposition)
+        if envelope.on_commit is not None:
+            await self._committed(envelope, disposition)
         return disposition
 
     async def on_envelopes(self, envelopes: Sequence[Envelope], *, ordered: bool = True
