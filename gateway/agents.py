@@ -326,6 +326,10 @@ class AgentDirectory:
         self._learned: _Cache[tuple[Address, str]] = _Cache()
         self._key_cache: _Cache[Ed25519PublicKey | None] = _Cache()
         self._nobody: _Cache[bool] = _Cache()  # RequestId cuts that name no bound agent
+        # check_sender's verdicts that the config alone decides (reserved and declared
+        # names, lookalikes of declared ones, undeclared ones under pin): they never
+        # change while the process runs, and every message's sender is checked.
+        self._fixed: dict[tuple[str, str], SenderCheck] = {}
         self._broadcast: tuple[float, list[tuple[Address, str]]] | None = None
 
     def reserved(self, name: str) -> str | None:
@@ -358,21 +362,26 @@ class AgentDirectory:
 
     async def check_sender(self, name: str, identity: str, seen_at: Address) -> SenderCheck:
         """May ``identity`` (``transport:author``) speak as agent ``name``?"""
+        fixed = self._fixed.get((name, identity))
+        if fixed is not None:
+            return fixed
         key = name_key(name)
         shape = skeleton(key)
         reserved = self.reserved(name)
         if reserved is not None:
-            return SenderCheck(IdentityVerdict.RESERVED, reserved)
+            return self._fix(name, identity, SenderCheck(IdentityVerdict.RESERVED, reserved))
         agent = self._declared.get(key)
         if agent is not None and agent.identities:
             ok = identity in agent.identities
-            return _OK if ok else _IMPERSONATION
+            return self._fix(name, identity, _OK if ok else _IMPERSONATION)
         if agent is None:
             lookalike = self._by_skeleton.get(shape)
             if lookalike is not None:
-                return SenderCheck(IdentityVerdict.CONFUSABLE, lookalike.name)
+                return self._fix(
+                    name, identity, SenderCheck(IdentityVerdict.CONFUSABLE, lookalike.name)
+                )
             if self._policy is IdentityPolicy.PIN:
-                return SenderCheck(IdentityVerdict.UNDECLARED)
+                return self._fix(name, identity, SenderCheck(IdentityVerdict.UNDECLARED))
         if agent is None and self._policy is IdentityPolicy.OPEN:
             check = _OK
         else:
@@ -380,6 +389,13 @@ class AgentDirectory:
         if agent is None and check.ok:
             # Only a sender that passed may move where replies to the name go.
             await self._learn_address(key, name, seen_at)
+        return check
+
+    def _fix(self, name: str, identity: str, check: SenderCheck) -> SenderCheck:
+        """Remember ``check`` of ``name`` for ``identity``, which the config alone decided
+        (names and identities come from outside: bounded, the first ``CACHE_MAX`` kept)."""
+        if len(self._fixed) < CACHE_MAX:
+            self._fixed[(name, identity)] = check
         return check
 
     async def _bind(self, key: str, name: str, shape: str, identity: str) -> SenderCheck:
