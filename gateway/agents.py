@@ -441,10 +441,10 @@ class AgentDirectory:
     async def addresses(self, name: str) -> list[tuple[Address, str]]:
         """Where messages for ``name`` go, each with the name as its agent writes it:
         declared addresses, else where it was last seen."""
-        agent = self.declared(name)
+        key = name_key(name)
+        agent = self._declared.get(key)
         if agent is not None and agent.addresses:
             return [(a, agent.name) for a in agent.addresses]
-        key = name_key(name)
         hit, learned = self._learned.get(key)
         if not hit or learned is None:
             async with self._redis.pipeline(transaction=False) as pipe:
