@@ -169,6 +169,15 @@ async def _empty(reply: Awaitable[dict[str, Any]]) -> bool:
     return not (await reply)["messages"]
 
 
+async def _healthy(base: str) -> bool:
+    """Whether the gateway at ``base`` answers /healthz with 200 (fully started)."""
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/healthz") as resp:
+            return resp.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
 async def _until(check: Callable[[], Awaitable[bool]], seconds: float = 20.0) -> None:
     """Poll ``check`` until it holds (TimeoutError after ``seconds``)."""
     for _ in range(int(seconds * 10)):
@@ -190,6 +199,9 @@ async def _crash_once(config: Path, port: int, nats_url: str, gw_box: str, req: 
     try:
         await wire.create(AGENT_BOX, ttl=0)
         await _until(lambda: _ok(wire.fetch(gw_box)))  # the gateway made its mailbox
+        # ... and finished starting: its mailbox comes before the parts that start on
+        # Redis, so a fault armed earlier could fail the start instead (seen once).
+        await _until(lambda: _healthy(f"http://127.0.0.1:{port}"))
         await arm()
         await wire.send(gw_box, render(req), **{"mq9-reply-to": AGENT_BOX})
         async with asyncio.timeout(20):
