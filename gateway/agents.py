@@ -18,9 +18,10 @@ broadcasts go to at most ``broadcast_max_targets`` learned channels, kept as an 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -216,22 +217,22 @@ class _Cache(Generic[_T]):
     def __init__(self, seconds: float = CACHE_SECONDS, size: int = CACHE_MAX) -> None:
         self._seconds = seconds
         self._size = size
-        self._items: OrderedDict[str, tuple[float, _T]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[float, _T]] = OrderedDict()
 
-    def get(self, key: str) -> tuple[bool, _T | None]:
+    def get(self, key: Hashable) -> tuple[bool, _T | None]:
         item = self._items.get(key)
         if item is None or item[0] < time.monotonic():
             return False, None
         self._items.move_to_end(key)
         return True, item[1]
 
-    def put(self, key: str, value: _T) -> None:
+    def put(self, key: Hashable, value: _T) -> None:
         self._items[key] = (time.monotonic() + self._seconds, value)
         self._items.move_to_end(key)
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 
-    def drop(self, key: str) -> None:
+    def drop(self, key: Hashable) -> None:
         self._items.pop(key, None)
 
     def clear(self) -> None:
@@ -329,7 +330,7 @@ class AgentDirectory:
         # check_sender's verdicts that the config alone decides (reserved and declared
         # names, lookalikes of declared ones, undeclared ones under pin): they never
         # change while the process runs, and every message's sender is checked.
-        self._fixed: dict[tuple[str, str], SenderCheck] = {}
+        self._fixed: _Cache[SenderCheck] = _Cache(seconds=math.inf)
         self._broadcast: tuple[float, list[tuple[Address, str]]] | None = None
 
     def reserved(self, name: str) -> str | None:
@@ -362,7 +363,7 @@ class AgentDirectory:
 
     async def check_sender(self, name: str, identity: str, seen_at: Address) -> SenderCheck:
         """May ``identity`` (``transport:author``) speak as agent ``name``?"""
-        fixed = self._fixed.get((name, identity))
+        _, fixed = self._fixed.get((name, identity))
         if fixed is not None:
             return fixed
         key = name_key(name)
@@ -393,9 +394,8 @@ class AgentDirectory:
 
     def _fix(self, name: str, identity: str, check: SenderCheck) -> SenderCheck:
         """Remember ``check`` of ``name`` for ``identity``, which the config alone decided
-        (names and identities come from outside: bounded, the first ``CACHE_MAX`` kept)."""
-        if len(self._fixed) < CACHE_MAX:
-            self._fixed[(name, identity)] = check
+        (names and identities come from outside: the LRU cache bounds them)."""
+        self._fixed.put((name, identity), check)
         return check
 
     async def _bind(self, key: str, name: str, shape: str, identity: str) -> SenderCheck:
