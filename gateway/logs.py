@@ -125,9 +125,10 @@ LIBRARY_LOGGERS = ("aiohttp", "asyncio")
 
 
 class ClientErrorFilter(logging.Filter):
-    """A malformed request logged by the HTTP server is the client's error, not ours:
-    one warning line naming it, without the parser's traceback (a client sending
-    garbage must not be able to fill the log with tracebacks)."""
+    """A malformed request logged by aiohttp's HTTP server (the Slack transport's own
+    listener; the ``http`` transport's server logs its own one line) is the client's
+    error, not ours: one warning line naming it, without the parser's traceback (a client
+    sending garbage must not be able to fill the log with tracebacks)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None

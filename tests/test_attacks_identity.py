@@ -273,6 +273,7 @@ async def test_a_reply_to_a_lower_case_declared_name_is_delivered(gw: Gateway) -
     async with aiohttp.ClientSession() as session:
         status, body = await post(session, gw, "Dave", render(answer))
     assert status == 200 and "queued for delivery to 1 address" in body["detail"], body
+    await gw.drain()  # the outbox delivers after the answer
     assert [o.request_id for o in sent_to(chat, "main", OutboundKind.PROTOCOL)][-1:] == [
         req.request_id
     ]

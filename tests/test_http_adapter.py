@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from http_wire import ALICE, BOB, OPS
 
 from adapters.base import (
     Address,
@@ -39,10 +40,6 @@ from adapters.http import HttpAdapter
 from adapters.http.auth import Caller, TokenAuth
 from adapters.http.server import answer_json
 from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as
-
-ALICE = "alice-token-123"
-BOB = "bob-token-4567"
-OPS = "operator-token-89"
 
 
 class RecordingSink:
@@ -620,6 +617,86 @@ async def test_vanished_poller_does_not_lose_messages(adapter: HttpAdapter) -> N
     async with aiohttp.ClientSession() as client:
         _, body = await Api(client, adapter.url).get("/v1/agents/alice/inbox", ALICE)
     assert [m["text"] for m in body["messages"]] == ["kept"]
+
+
+def _serving_tasks() -> list[asyncio.Task[Any]]:
+    """The server's tasks answering a connection's requests."""
+    return [t for t in asyncio.all_tasks()
+            if getattr(t.get_coro(), "__qualname__", "") == "HttpConnection._serve"]
+
+
+async def test_a_long_poll_whose_client_left_ends_without_a_trace(
+    adapter: HttpAdapter, api: Api
+) -> None:
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET /v1/agents/alice/inbox?wait=30 HTTP/1.1\r\nHost: x\r\n"
+                 f"Authorization: Bearer {ALICE}\r\n\r\n".encode())
+    await writer.drain()
+    for _ in range(1000):  # until the long-poll waits
+        if tasks := _serving_tasks():
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    await adapter.send(notice("alice", "kept"))  # wakes it: its reader is gone
+    _, pending = await asyncio.wait(tasks, timeout=10)
+    assert tasks and not pending
+    _, body = await api.get("/v1/agents/alice/inbox", ALICE)
+    assert [m["text"] for m in body["messages"]] == ["kept"]
+
+
+async def test_pipelined_requests_are_answered_in_order(adapter: HttpAdapter) -> None:
+    """Many requests written at once (more than the server reads ahead), answered in
+    the order sent; the last one closes the connection."""
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    targets = [f"/v1/conversations/{'req-1' if i % 3 else f'nope-{i}'}" for i in range(60)]
+    heads = [f"GET {t} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n" for t in targets]
+    heads[-1] += "Connection: close\r\n"
+    body = f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n" \
+           "Content-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+    writer.write(("\r\n".join(heads[:30]) + "\r\n" + body + "\r\n".join(heads[30:])
+                  + "\r\n").encode())
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    got = []
+    while answer:
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        got.append((int(head.split(b" ")[1]), json.loads(rest[:length])))
+        answer = rest[length:]
+    expected = [(200 if i % 3 else 404) for i in range(30)] + [200] \
+        + [(200 if i % 3 else 404) for i in range(30, 60)]
+    assert [status for status, _ in got] == expected
+    assert got[30][1]["outcome"] == "accepted"
+    assert got[31 + 3][1]["error"]["message"] == "no conversation nope-33"
+
+
+async def test_a_large_answer_reaches_a_slow_reader_whole(
+    adapter: HttpAdapter, sink: RecordingSink
+) -> None:
+    """An answer larger than the socket buffers, read slowly, then the next one."""
+    page = [{"request_id": f"req-{i}", "task": "x" * 1000} for i in range(3000)]
+
+    async def conversations(**kw: Any) -> list[dict[str, Any]]:
+        return page
+
+    sink.conversations = conversations  # type: ignore[method-assign]
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port), limit=2**16)
+    request = f"GET /v1/conversations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n"
+    writer.write((request + "\r\n" + request + "Connection: close\r\n\r\n").encode())
+    received = bytearray()
+    while chunk := await asyncio.wait_for(reader.read(65536), 10):
+        received += chunk
+        await asyncio.sleep(0.001)
+    writer.close()
+    expected = json.dumps({"conversations": page}).encode()
+    first, _, rest = bytes(received).partition(b"\r\n\r\n")
+    assert b"\r\nContent-Length: %d\r\n" % len(expected) in first
+    assert rest[:len(expected)] == expected
+    second, _, rest = rest[len(expected):].partition(b"\r\n\r\n")
+    assert second.startswith(b"HTTP/1.1 200 OK") and rest == expected
 
 
 @pytest.mark.parametrize(

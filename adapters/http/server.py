@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import itertools
 import json
 import logging
@@ -21,7 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from json.encoder import encode_basestring as _json_str
 from typing import Any, TypeVar
 
-from aiohttp import HttpVersion11, hdrs, web
 from pydantic import BaseModel
 
 from adapters.base import (
@@ -43,17 +41,19 @@ from adapters.base import (
     WebRoute,
 )
 from adapters.http.auth import Caller, MetricsAccess, TokenAuth
-from adapters.http.connections import ConnectionGuard, RequestHandler, fit_descriptor_limit
+from adapters.http.connections import ConnectionGuard, fit_descriptor_limit
+from adapters.http.http11 import JSON_HEAD, Handler, HttpServer, Request, Response, encode_headers
 from adapters.http.inbox import ACK_ID, Inboxes, inbox_body
 from adapters.http.settings import HttpSettings
 from adapters.http.wire import (
-    JSON_TYPE,
     RETRY_AFTER_SECONDS,
     AckBody,
     ApiError,
     CommandBody,
     error_answer,
     error_response,
+    json_response,
+    malformed,
     message_fields,
     parse_as,
     query_number,
@@ -66,7 +66,7 @@ from protocol.names import name_key
 
 log = logging.getLogger("bpgw.adapters.http")
 # A handler of a path with a parameter (an agent's name, a RequestId): called with its value.
-PathHandler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
+PathHandler = Callable[[Request, str], Awaitable[Response]]
 BodyT = TypeVar("BodyT", bound=BaseModel)
 HandlerT = TypeVar("HandlerT")
 
@@ -79,10 +79,8 @@ INBOX_MAX_BATCH = 1000
 DEFAULT_INBOX_BATCH = 100
 PAGE_MAX = 1000
 DEFAULT_PAGE = 50
-# Headers of a JSON answer as aiohttp writes them for ``text=..., content_type=JSON_TYPE``
-# (the 503's Retry-After first, as before), built once for the answer to every post.
-_JSON_HEADERS: Mapping[str, str] = {hdrs.CONTENT_TYPE: f"{JSON_TYPE}; charset=utf-8"}
-_RETRY_JSON_HEADERS: Mapping[str, str] = {"Retry-After": str(RETRY_AFTER_SECONDS), **_JSON_HEADERS}
+# The head of the 503 answer to a post (Retry-After before the Content-Type, as always).
+_RETRY_JSON_HEAD = encode_headers({"Retry-After": str(RETRY_AFTER_SECONDS)})
 # How long stop() lets in-flight requests finish before cancelling them.
 SHUTDOWN_SECONDS = 5.0
 
@@ -119,7 +117,8 @@ async def _bind_problem(host: str, port: int, table: str) -> tuple[str, str] | N
                 "machine")
     for family, kind, proto, _, address in infos:
         with socket.socket(family, kind, proto) as sock:
-            # As aiohttp's server binds: reuse allowed, so TIME_WAIT leftovers do not count.
+            # As the server binds (asyncio's create_server): reuse allowed, so TIME_WAIT
+            # leftovers do not count.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(address)
@@ -155,36 +154,32 @@ def answer_json(native_id: str, disposition: Disposition) -> str:
 
 
 def _get_and_head(handler: HandlerT) -> dict[str, HandlerT]:
-    """``handler`` for GET and HEAD (aiohttp leaves the body out of a HEAD's answer)."""
-    return {hdrs.METH_GET: handler, hdrs.METH_HEAD: handler}
+    """``handler`` for GET and HEAD (the server leaves the body out of a HEAD's answer)."""
+    return {"GET": handler, "HEAD": handler}
 
 
-def _not_allowed(methods: Mapping[str, object]) -> web.Response:
-    """405 with ``Allow: methods``, in the words aiohttp's router used."""
+def _not_allowed(methods: Mapping[str, object]) -> Response:
+    """405 with ``Allow: methods`` (the message is the one aiohttp's router used)."""
     allow = ",".join(sorted(methods))
-    return error_response(405, "405: Method Not Allowed", headers={hdrs.ALLOW: allow})
+    return error_response(405, "405: Method Not Allowed", headers={"Allow": allow})
 
 
 def _path_value(raw: str) -> str:
-    """A path parameter as aiohttp's router gives it: the target's path is decoded but
-    for ``%2F`` and ``%25`` (``path_safe``), which are decoded in the value only."""
+    """A path parameter: the request's path is decoded but for ``%2F`` and ``%25``
+    (``http11.decode_path``), which are decoded in the value only."""
     if "%" not in raw:
         return raw
     return raw.replace("%2F", "/").replace("%25", "%")
 
 
-async def _expect(request: web.BaseRequest, expect: str) -> None:
-    """Answer an ``Expect`` header before the body is read, as aiohttp's router did for
-    every target: ``100 Continue`` on HTTP/1.1; an unknown expectation is a 417 (in the
-    JSON error shape; the router's was plain text)."""
-    if request.version != HttpVersion11:
+def _expect(request: Request, expect: str) -> None:
+    """Answer an ``Expect`` header before the body is read, for every target: ``100
+    Continue`` on HTTP/1.1; an unknown expectation is a 417."""
+    if request.version != "1.1":
         return
     if expect.lower() != "100-continue":
         raise ApiError(417, f"Unknown Expect: {expect}")
-    writer = request.writer
-    await writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    writer.output_size = 0  # the answer's own size counts from here
-    await writer.drain()
+    request.send_continue()
 
 
 def _ids(message: Outbound) -> dict[str, str | None]:
@@ -192,17 +187,12 @@ def _ids(message: Outbound) -> dict[str, str | None]:
     return {"request_id": message.request_id, "trace_id": message.trace_id}
 
 
-def _client_gone(request: web.BaseRequest) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
 class HttpAdapter(Adapter):
-    """Transport kind ``http``: a local aiohttp server with per-agent bearer tokens.
+    """Transport kind ``http``: a local HTTP server with per-agent bearer tokens.
 
-    It runs on aiohttp's low-level server (no application, router or middlewares): one
-    handler of ours, ``_serve``, looks a request's path up in ``_paths`` (exact paths)
-    and ``_patterns`` (the paths with a parameter) and answers as aiohttp's router did.
+    It runs on our own HTTP/1.1 server (adapters/http/http11.py): one handler, ``_serve``,
+    looks a request's path up in ``_paths`` (exact paths) and ``_patterns`` (the paths
+    with a parameter); ``_answer`` turns what it raises into the JSON error shape.
     """
 
     # Native ids are minted per POST (a retry is a new POST): no cross-replica claim.
@@ -226,24 +216,23 @@ class HttpAdapter(Adapter):
         self._token_keys = frozenset(name_key(agent) for agent in self.settings.tokens)
         self._inboxes_store: Inboxes | None = None
         self._sink: GatewaySink | None = None
-        self._runner: web.ServerRunner | None = None
-        self._listener: asyncio.Server | None = None
+        self._server: HttpServer | None = None
         self._guard = ConnectionGuard(self.settings.max_connections)
         self._url: str | None = None
         self._stopping = False
         # The API's paths; serve_routes adds other transports' webhooks.
-        self._paths: dict[str, dict[str, RequestHandler]] = {
-            "/v1/messages": {hdrs.METH_POST: self._post_message},
-            "/v1/commands": {hdrs.METH_POST: self._post_command},
+        self._paths: dict[str, dict[str, Handler]] = {
+            "/v1/messages": {"POST": self._post_message},
+            "/v1/commands": {"POST": self._post_command},
             "/v1/conversations": _get_and_head(self._list_conversations),
             "/healthz": _get_and_head(self._healthz),
             "/metrics": _get_and_head(self._metrics),
         }
-        # Tried in order when no exact path is the target's; a parameter is what
-        # aiohttp's ``{name}`` matched: anything but ``/``, ``{`` and ``}``.
+        # Tried in order when no exact path is the target's; a parameter is anything but
+        # ``/``, ``{`` and ``}`` (what aiohttp's router's ``{name}`` matched before).
         self._patterns: tuple[tuple[re.Pattern[str], dict[str, PathHandler]], ...] = (
             (re.compile(r"/v1/agents/([^{}/]+)/inbox"), _get_and_head(self._get_inbox)),
-            (re.compile(r"/v1/agents/([^{}/]+)/inbox/ack"), {hdrs.METH_POST: self._post_ack}),
+            (re.compile(r"/v1/agents/([^{}/]+)/inbox/ack"), {"POST": self._post_ack}),
             (re.compile(r"/v1/conversations/([^{}/]+)"), _get_and_head(self._get_conversation)),
         )
 
@@ -256,13 +245,24 @@ class HttpAdapter(Adapter):
             raise RuntimeError(f"http transport {self.name} is not running")
         return self._url
 
-    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _answer(self, request: Request) -> Response:
+        """The answer to ``request``: ``_serve``'s, or the JSON error shape of what it
+        raised (never a 500); raises only when the client went away."""
+        try:
+            return await self._serve(request)
+        except Exception as exc:
+            answer = error_answer(request, exc)
+            if answer is None:
+                raise
+            return answer
+
+    async def _serve(self, request: Request) -> Response:
         """Answer one request: the handler of its path and method; else 404, or 405 with
-        ``Allow`` when the path has other methods, as aiohttp's router answered them."""
-        if expect := request.headers.get(hdrs.EXPECT):
-            await _expect(request, expect)
-        # The path decoded but for %2F and %25, as the router matched it.
-        path = request.rel_url.path_safe
+        ``Allow`` when the path has other methods."""
+        if expect := request.headers.get("expect"):
+            _expect(request, expect)
+        # The path decoded but for %2F and %25.
+        path = request.path
         methods = self._paths.get(path)
         if methods is not None:
             handler = methods.get(request.method)
@@ -273,7 +273,7 @@ class HttpAdapter(Adapter):
                 if by_path is None:
                     return _not_allowed(at)
                 return await by_path(request, _path_value(found[1]))
-        return error_response(404, "404: Not Found")  # (the router's words)
+        return error_response(404, "404: Not Found")  # (aiohttp's router's words)
 
     def serve_routes(self, routes: Sequence[WebRoute]) -> None:
         """Serve other transports' webhook routes next to the API (before ``start``)."""
@@ -291,13 +291,12 @@ class HttpAdapter(Adapter):
                 )
             methods[route.method] = self._web_handler(route)
 
-    def _web_handler(self, route: WebRoute) -> RequestHandler:
-        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+    def _web_handler(self, route: WebRoute) -> Handler:
+        async def handle(request: Request) -> Response:
             s = self.settings
             body = await read_bytes(request, s.max_body_bytes, s.body_timeout_seconds)
-            answer = await route.handler(WebRequest(dict(request.headers), body, request.remote))
-            return web.json_response(dict(answer.body), status=answer.status,
-                                     headers=dict(answer.headers))
+            answer = await route.handler(WebRequest(request.headers, body, request.remote))
+            return json_response(dict(answer.body), answer.status, headers=answer.headers)
 
         return handle
 
@@ -327,42 +326,28 @@ class HttpAdapter(Adapter):
     async def start(self, sink: GatewaySink) -> None:
         """Bind the server and begin serving; raises ``OSError`` when it cannot bind."""
         _ = self._inboxes  # fail early without Redis
-        if self._runner is not None:
+        if self._server is not None:
             raise RuntimeError(f"http transport {self.name} is already running")
         self._sink = sink
         self._stopping = False
         s = self.settings
         self._guard.limit = fit_descriptor_limit(s.max_connections)
-        loop = asyncio.get_running_loop()
-        server = web.Server(
-            self._guard.serving(self._serve, error_answer),
-            # aiohttp's own request, with the body limit (a chunked body is cut off there).
-            request_factory=functools.partial(
-                web.BaseRequest, loop=loop, client_max_size=s.max_body_bytes
-            ),
-            access_log=None,
-            # aiohttp's keep-alive timeout also runs from the connection's start, so it
-            # closes a connection whose first request head is incomplete (silent or
-            # trickling).
-            keepalive_timeout=s.header_timeout_seconds,
-            # After an answer sent before the body was read (401, 408), the rest of the
-            # body is read and dropped at most this long, then the connection closes.
-            lingering_time=s.header_timeout_seconds,
+        server = HttpServer(
+            self._answer,
+            malformed,
+            self._guard,
+            max_body_bytes=s.max_body_bytes,
+            # Closes a connection whose request head is incomplete (silent or trickling)
+            # this long after it opened or after its last answer; the unread rest of a
+            # body is dropped at most this long after the answer, then it closes.
+            header_timeout=s.header_timeout_seconds,
         )
-        runner = web.ServerRunner(server, shutdown_timeout=SHUTDOWN_SECONDS)
-        await runner.setup()
         try:
-            # The listener is ours (not a TCPSite) so the guard sees every connection:
-            # aiohttp's server is the protocol factory it wraps.
-            listener = await loop.create_server(
-                self._guard.protocol_factory(server), s.host, s.port, backlog=1024
-            )
+            host, port = await server.listen(s.host, s.port)
         except OSError as exc:
-            await runner.cleanup()
             self.set_health(HealthState.DOWN, f"cannot listen: {exc}")
             raise
-        self._runner, self._listener = runner, listener
-        host, port = listener.sockets[0].getsockname()[:2]
+        self._server = server
         host = f"[{host}]" if ":" in host else host
         self._url = f"http://{host}:{port}"
         self.set_health(HealthState.UP, f"listening on {self._url}")
@@ -370,15 +355,13 @@ class HttpAdapter(Adapter):
 
     async def stop(self) -> None:
         """Stop serving; waiting long-polls return empty at once. Safe to call twice."""
-        runner, self._runner = self._runner, None
-        listener, self._listener = self._listener, None
+        server, self._server = self._server, None
         self._stopping = True
         if self._inboxes_store is not None:
             self._inboxes_store.wake_all()
-        if listener is not None:
-            listener.close()  # no new connections; the runner closes the open ones
-        if runner is not None:
-            await runner.cleanup()
+        if server is not None:
+            # No new connections; requests in progress finish (or are cancelled).
+            await server.stop(SHUTDOWN_SECONDS)
         if self._inboxes_store is not None:
             await self._inboxes_store.close()
             log.info("http transport %s stopped", self.name)
@@ -388,7 +371,7 @@ class HttpAdapter(Adapter):
     def stats(self) -> Mapping[str, Any]:
         """Open client connections, the cap, how many were accepted, closed to make room
         and refused at it (``/healthz``, ``/protocol status``)."""
-        if self._listener is None:
+        if self._server is None:
             return {}
         g = self._guard
         return {
@@ -494,8 +477,8 @@ class HttpAdapter(Adapter):
             raise RuntimeError(f"http transport {self.name} has not been started")
         return self._sink
 
-    def _caller(self, request: web.BaseRequest) -> Caller:
-        caller = self._auth.identify(request.headers.get("Authorization"))
+    def _caller(self, request: Request) -> Caller:
+        caller = self._auth.identify(request.headers.get("authorization"))
         if caller is None:
             raise ApiError(
                 401,
@@ -504,13 +487,13 @@ class HttpAdapter(Adapter):
             )
         return caller
 
-    async def _body(self, request: web.BaseRequest, model: type[BodyT]) -> BodyT:
+    async def _body(self, request: Request, model: type[BodyT]) -> BodyT:
         s = self.settings
         return parse_as(model, await read_body(request, s.max_body_bytes, s.body_timeout_seconds))
 
     # -- handlers --------------------------------------------------------------------
 
-    async def _post_message(self, request: web.BaseRequest) -> web.Response:
+    async def _post_message(self, request: Request) -> Response:
         caller = self._caller(request)
         if caller.is_operator:
             raise ApiError(403, "operator tokens send commands (POST /v1/commands), not messages")
@@ -536,55 +519,51 @@ class HttpAdapter(Adapter):
                 disposition.outcome,
                 extra={"request_id": ",".join(disposition.request_ids) or None},
             )
-        headers = _JSON_HEADERS
+        head = JSON_HEAD
         if disposition.outcome in FAILED_OUTCOMES:
             status = 503
-            headers = _RETRY_JSON_HEADERS
+            head = _RETRY_JSON_HEAD
         elif disposition.outcome in REFUSED_OUTCOMES:
             status = 422
         else:
             status = 200
-        return web.Response(
-            body=answer_json(native_id, disposition).encode(), status=status, headers=headers
-        )
+        return Response(status, answer_json(native_id, disposition).encode(), head)
 
-    async def _check_reader(self, request: web.BaseRequest, owner: str) -> None:
+    async def _check_reader(self, request: Request, owner: str) -> None:
         caller = self._caller(request)
         if not caller.may_read(owner):
             raise ApiError(403, f"{caller.name} may not read the inbox of {owner}")
         if name_key(owner) not in self._token_keys and not await self._inboxes.exists(owner):
             raise ApiError(404, f"no inbox for {owner}")
 
-    async def _get_inbox(self, request: web.BaseRequest, owner: str) -> web.Response:
+    async def _get_inbox(self, request: Request, owner: str) -> Response:
         await self._check_reader(request, owner)
         wait = query_number(request, "wait", 0.0, minimum=0, maximum=float("inf"), integer=False)
         limit = int(
             query_number(request, "max", DEFAULT_INBOX_BATCH, minimum=1, maximum=INBOX_MAX_BATCH)
         )
         ack = _ack_id(query_text(request, "ack"))
-        if self._stopping or _client_gone(request):
-            return web.json_response({"messages": []})
+        if self._stopping or request.client_gone():
+            return json_response({"messages": []})
         messages = await self._inboxes.take(
             owner,
             limit,
             min(wait, self.settings.long_poll_max_seconds),
             ack=ack,
-            give_up=lambda: self._stopping or _client_gone(request),
+            give_up=lambda: self._stopping or request.client_gone(),
         )
         # A reader that never gets the answer loses nothing: unacknowledged messages
         # come back after the visibility timeout. The messages are JSON already.
-        return web.Response(
-            text='{"messages":[' + ",".join(messages) + "]}", content_type=JSON_TYPE
-        )
+        return Response(200, ('{"messages":[' + ",".join(messages) + "]}").encode())
 
-    async def _post_ack(self, request: web.BaseRequest, owner: str) -> web.Response:
+    async def _post_ack(self, request: Request, owner: str) -> Response:
         await self._check_reader(request, owner)
         body = await self._body(request, AckBody)
         ack = _ack_id(body.id)
         await self._inboxes.take(owner, 0, 0.0, ack=ack)
-        return web.json_response({"acked": ack})
+        return json_response({"acked": ack})
 
-    async def _post_command(self, request: web.BaseRequest) -> web.Response:
+    async def _post_command(self, request: Request) -> Response:
         caller = self._caller(request)
         body = await self._body(request, CommandBody)
         name, args = body.resolve()
@@ -599,9 +578,9 @@ class HttpAdapter(Adapter):
         )
         result = await self.sink.on_command(command)
         log.info("command %s from %s: ok=%s", name, caller.name, result.ok)
-        return web.json_response(result.to_dict())
+        return json_response(result.to_dict())
 
-    async def _list_conversations(self, request: web.BaseRequest) -> web.Response:
+    async def _list_conversations(self, request: Request) -> Response:
         self._caller(request)
         offset = int(query_number(request, "offset", 0, minimum=0, maximum=2**31))
         limit = int(query_number(request, "limit", DEFAULT_PAGE, minimum=1, maximum=PAGE_MAX))
@@ -611,29 +590,29 @@ class HttpAdapter(Adapter):
             offset=offset,
             limit=limit,
         )
-        return web.json_response({"conversations": found})
+        return json_response({"conversations": found})
 
-    async def _get_conversation(self, request: web.BaseRequest, request_id: str) -> web.Response:
+    async def _get_conversation(self, request: Request, request_id: str) -> Response:
         self._caller(request)
         found = await self.sink.conversation(request_id)
         if found is None:
             raise ApiError(404, f"no conversation {request_id}")
-        return web.json_response(found)
+        return json_response(found)
 
-    async def _healthz(self, request: web.BaseRequest) -> web.Response:
+    async def _healthz(self, request: Request) -> Response:
         health = await self.sink.check_health()
         # 503 while any part fails, so a load balancer can act on it.
         if health.get("status") == "ok":
-            return web.json_response(health)
+            return json_response(health)
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        return web.json_response(health, status=503, headers=headers)
+        return json_response(health, 503, headers=headers)
 
-    async def _metrics(self, request: web.BaseRequest) -> web.Response:
-        if not self._metrics_access.allows(request.headers.get("Authorization")):
+    async def _metrics(self, request: Request) -> Response:
+        if not self._metrics_access.allows(request.headers.get("authorization")):
             raise ApiError(
                 401,
                 "the metrics need the metrics_token or an operator token",
                 headers={"WWW-Authenticate": 'Bearer realm="bpgw"'},
             )
         body, content_type = await self.sink.metrics()
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        return Response(200, body, encode_headers({"Content-Type": content_type}))

@@ -1,15 +1,14 @@
 """Request parsing and the JSON error shape of the HTTP API.
 
 Every error leaves the server as ``{"error": {"code": "...", "message": "..."}}``:
-``ApiError`` for the errors handlers raise, aiohttp's ``HTTPException`` (an oversize
-chunked body) translated by ``error_answer``, the gateway's ``QueryError``
+``ApiError`` for the errors handlers raise, the server's ``BodyError`` (a body too large,
+undecodable or late) and malformed requests (``malformed``), the gateway's ``QueryError``
 as 400 and ``Unavailable`` (or the inboxes' Redis failing) as 503 with ``Retry-After``.
 Never a 500: an unexpected exception is logged and answered 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -17,11 +16,18 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from aiohttp import hdrs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from redis.exceptions import RedisError
 
 from adapters.base import QueryError, Unavailable
+from adapters.http.http11 import (
+    JSON_HEAD,
+    BodyError,
+    Request,
+    Response,
+    encode_headers,
+    parse_content_type,
+)
 from adapters.options import describe_validation_error
 from protocol.text import lone_surrogate
 
@@ -67,31 +73,44 @@ class ApiError(Exception):
         self.close = close
 
 
+def json_response(
+    data: Any, status: int = 200, *, headers: Mapping[str, str] | None = None,
+    close: bool = False,
+) -> Response:
+    """``data`` as a JSON answer (``headers`` before its Content-Type)."""
+    head = encode_headers(headers) if headers else JSON_HEAD
+    return Response(status, json.dumps(data).encode(), head, close=close)
+
+
 def error_response(
-    status: int, message: str, *, headers: Mapping[str, str] | None = None
-) -> web.Response:
+    status: int, message: str, *, headers: Mapping[str, str] | None = None, close: bool = False
+) -> Response:
     """The JSON error answer for ``status``."""
     code = ERROR_CODES.get(status, f"http_{status}")
-    return web.json_response(
-        {"error": {"code": code, "message": message}}, status=status, headers=headers
+    return json_response(
+        {"error": {"code": code, "message": message}}, status, headers=headers, close=close
     )
 
 
-def unavailable(message: str, retry_after: float = RETRY_AFTER_SECONDS) -> web.Response:
+def unavailable(message: str, retry_after: float = RETRY_AFTER_SECONDS) -> Response:
     """A 503 answer with ``Retry-After`` (whole seconds, at least 1)."""
     seconds = str(max(1, math.ceil(retry_after)))
     return error_response(503, message, headers={"Retry-After": seconds})
 
 
-def error_answer(request: web.BaseRequest, exc: Exception) -> web.StreamResponse | None:
+def malformed(problem: str) -> Response:
+    """The answer to input that is not a request the server takes (the connection
+    closes after it)."""
+    return error_response(400, f"malformed request: {problem}", close=True)
+
+
+def error_answer(request: Request, exc: Exception) -> Response | None:
     """The JSON error shape for an exception a handler raised: a documented 4xx, or 503
     with ``Retry-After`` (an unexpected exception is logged and answered 503, never 500);
-    None for one to re-raise (a redirect, the client going away: aiohttp handles those)."""
-    if isinstance(exc, ApiError):
-        response = error_response(exc.status, exc.message, headers=exc.headers)
-        if exc.close:
-            response.force_close()
-        return response
+    None for the client going away (nothing to answer)."""
+    if isinstance(exc, ApiError | BodyError):
+        headers = exc.headers if isinstance(exc, ApiError) else None
+        return error_response(exc.status, exc.message, headers=headers, close=exc.close)
     if isinstance(exc, QueryError):
         return error_response(400, str(exc))
     if isinstance(exc, Unavailable):
@@ -99,66 +118,43 @@ def error_answer(request: web.BaseRequest, exc: Exception) -> web.StreamResponse
     if isinstance(exc, RedisError):  # the inboxes' own Redis calls
         log.warning("state store unavailable for %s %s: %s", request.method, request.path, exc)
         return unavailable(f"the state store cannot answer now ({exc}); retry")
-    if isinstance(exc, web.HTTPException):
-        if exc.status < 400:
-            return None
-        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        if exc.status >= 500:
-            return unavailable(exc.text or exc.reason)
-        return error_response(exc.status, exc.text or exc.reason, headers=headers)
     if isinstance(exc, ConnectionError):
         return None
     log.error("unexpected error handling %s %s", request.method, request.path, exc_info=exc)
     return unavailable("unexpected server error; see the gateway log; retry")
 
 
-async def read_bytes(request: web.BaseRequest, max_bytes: int, within: float) -> bytes:
+async def read_bytes(request: Request, max_bytes: int, within: float) -> bytes:
     """The raw request body, at most ``max_bytes``, arrived whole within ``within`` s.
 
-    Oversize bodies are refused (413) from ``Content-Length`` before reading (and aiohttp's
-    ``client_max_size`` refuses chunked ones while reading). A body that does not arrive
-    whole in time (a trickling client) is 408 and the connection is closed.
+    Oversize bodies are refused (413) from ``Content-Length`` before reading (the server
+    refuses others while reading: a chunked or compressed one). A body that does not
+    arrive whole in time (a trickling client) is 408 and the connection is closed.
     """
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(
             413, f"body of {request.content_length} bytes exceeds the limit of {max_bytes}"
         )
-    content = request.content
-    if content.is_eof():
-        # The whole body arrived with the head (the usual small POST): reading it cannot
-        # wait, so the timeout's timer handle is not worth its cost on the hot path, nor
-        # (unless aiohttp has to decompress it) the read loop: it is taken as buffered.
-        if hdrs.CONTENT_ENCODING in request.headers:
-            return await request.read()
-        raw = content.read_nowait()
-        if len(raw) > max_bytes:  # (chunked: no Content-Length said so beforehand)
-            raise ApiError(413, f"body of {len(raw)} bytes exceeds the limit of {max_bytes}")
-        return raw
-    try:
-        async with asyncio.timeout(within):
-            return await request.read()
-    except TimeoutError:
-        raise ApiError(
-            408, f"the request body did not arrive within {within:g}s", close=True
-        ) from None
+    return await request.body(within)
 
 
-async def read_body(request: web.BaseRequest, max_bytes: int, within: float) -> Any:
+async def read_body(request: Request, max_bytes: int, within: float) -> Any:
     """The request body (see ``read_bytes``) as JSON, or ``{"text": <body>}`` for a
     ``text/plain`` body."""
-    if request.headers.get(hdrs.CONTENT_TYPE) == JSON_TYPE:
-        # The usual header, written exactly so: nothing to parse (aiohttp would parse it
-        # for every request, as a new request object has nothing cached).
-        content_type, charset = JSON_TYPE, "utf-8"
+    raw_type = request.headers.get("content-type")
+    charset: str | None = "utf-8"
+    if raw_type == JSON_TYPE:
+        # The usual header, written exactly so: nothing to parse.
+        content_type = JSON_TYPE
     else:
-        content_type, charset = request.content_type, request.charset or "utf-8"
+        content_type, charset = parse_content_type(raw_type)
         if content_type not in (JSON_TYPE, TEXT_TYPE):
             raise ApiError(
                 415, f"unsupported content type {content_type!r}; send {JSON_TYPE} or {TEXT_TYPE}"
             )
     raw = await read_bytes(request, max_bytes, within)
     try:
-        text = raw.decode(charset)
+        text = raw.decode(charset or "utf-8")
     except (UnicodeDecodeError, LookupError) as exc:
         raise ApiError(400, f"body is not valid text: {exc}") from None
     if content_type == TEXT_TYPE:
@@ -212,7 +208,7 @@ def _usual_message(data: Any) -> tuple[str, str | None] | None:
 
 
 def query_number(
-    request: web.BaseRequest,
+    request: Request,
     name: str,
     default: float,
     *,
@@ -234,7 +230,7 @@ def query_number(
     return value
 
 
-def query_text(request: web.BaseRequest, name: str) -> str | None:
+def query_text(request: Request, name: str) -> str | None:
     """An optional text query parameter (absent or empty is None)."""
     return request.query.get(name) or None
 

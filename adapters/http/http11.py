@@ -1,0 +1,874 @@
+"""The ``http`` transport's HTTP/1.1 server: llhttp (``httptools``) under an asyncio protocol.
+
+It does what the API needs and no more, at a fraction of a general framework's cost per
+request: requests are parsed by ``httptools.HttpRequestParser`` as bytes arrive, queued
+per connection and answered in order (keep-alive, pipelining, HTTP/1.0) by one task per
+busy connection, which calls the transport's handler with a ``Request`` and writes the
+``Response`` it returns. Bounds and timeouts (docs/http-api.md, "Slow clients"):
+
+- a request head is at most ``MAX_HEAD_BYTES``, ``MAX_HEADERS`` fields, each field and
+  the target at most ``MAX_LINE_BYTES``; HTTP/1.1 needs ``Host``; a malformed or
+  oversize head is answered 400 (JSON error shape) and the connection closes;
+- a connection that has not sent a complete head ``header_timeout`` seconds after
+  connecting or after its last answer is closed;
+- a body is kept up to ``max_body_bytes`` (after undoing a gzip or deflate
+  ``Content-Encoding``); past that it is dropped while counted, and reading it fails
+  (``BodyError`` 413). The handler reads it within its own timeout; the part of a body
+  the handler did not read is dropped for at most ``header_timeout`` seconds after the
+  answer, then the connection closes (so a client is not reset before it reads the answer);
+- while a later pipelined request's body arrives, or ``QUEUE_MAX`` requests wait,
+  reading pauses until the earlier ones are answered;
+- an answer is written whole; the next one waits while the socket's buffer is over its
+  high-water mark (``pause_writing``).
+
+The ``ConnectionGuard`` (adapters/http/connections.py) caps the connections held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from email.message import EmailMessage
+from email.parser import HeaderParser
+from email.policy import HTTP
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, cast
+from urllib.parse import parse_qsl
+
+import httptools
+
+from adapters.http.connections import ConnectionGuard
+
+log = logging.getLogger("bpgw.adapters.http")
+
+MAX_LINE_BYTES = 8190
+"""The longest request target, header name or header value."""
+MAX_HEADERS = 128
+"""The most header fields in a request head."""
+MAX_HEAD_BYTES = 65536
+"""The longest request head (request line and header fields)."""
+QUEUE_MAX = 16
+"""Pipelined requests parsed ahead of answering: at this many, reading pauses."""
+
+JSON_UTF8 = "application/json; charset=utf-8"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# Reason phrases fixed here, so answers do not change with Python's HTTPStatus wording
+# (3.13 renamed 413 and 422).
+_REASONS: dict[int, str] = {
+    **{s.value: s.phrase for s in HTTPStatus},
+    413: "Request Entity Too Large",
+    422: "Unprocessable Entity",
+}
+_HEADER_VALUE_BAD = re.compile(r"[\r\n\x00]")
+_PCT_RUN = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
+_PCT_KEPT = re.compile(r"%2[Ff5]")  # an encoded "/" or "%" stays encoded in the path
+
+
+class BodyError(Exception):
+    """A request body that cannot be had: too large (413), undecodable (400), or not
+    arrived in time (408). ``close``: the connection cannot go on after the answer."""
+
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.close = close
+
+
+class _HeadError(Exception):
+    """A request head this server refuses (raised in a parser callback)."""
+
+
+def reason(status: int) -> str:
+    """The reason phrase of ``status`` (``Unknown`` for a code without one)."""
+    return _REASONS.get(status, "Unknown")
+
+
+def encode_headers(headers: Mapping[str, str], content_type: str | None = JSON_UTF8) -> bytes:
+    """Header lines for a ``Response``: ``headers`` in order, then ``Content-Type:
+    content_type`` unless ``headers`` has one. A name or value that could break the
+    head (CR, LF, NUL) is refused with ``ValueError``."""
+    lines = []
+    typed = False
+    for name, value in headers.items():
+        if _HEADER_VALUE_BAD.search(name) or _HEADER_VALUE_BAD.search(value) or ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent")
+        typed = typed or name.lower() == "content-type"
+        lines.append(f"{name}: {value}\r\n")
+    if not typed and content_type is not None:
+        lines.append(f"Content-Type: {content_type}\r\n")
+    return "".join(lines).encode("utf-8")
+
+
+JSON_HEAD = encode_headers({})
+"""The header lines of a JSON answer."""
+
+
+class Response:
+    """An answer: status, header lines (``encode_headers``; the server adds
+    ``Content-Length``, ``Date`` and ``Connection``) and body. ``close``: close the
+    connection after it."""
+
+    __slots__ = ("body", "close", "head", "status")
+
+    def __init__(
+        self, status: int, body: bytes = b"", head: bytes = JSON_HEAD, *, close: bool = False
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.head = head
+        self.close = close
+
+
+def decode_path(raw: str) -> str:
+    """A target's path percent-decoded (UTF-8) but for ``%2F`` and ``%25``, which stay
+    encoded (upper case) so a parameter can hold them; bytes that are not UTF-8 stay
+    encoded as they came."""
+    if "%" not in raw:
+        return raw
+    return _PCT_RUN.sub(_decode_run, raw)
+
+
+def _decode_run(found: re.Match[str]) -> str:
+    run = found[0]
+    out: list[str] = []
+    start = 0
+    for kept in _PCT_KEPT.finditer(run):
+        if kept.start() % 3 == 0:  # aligned on a %XX, not inside one
+            out.append(_decode_utf8(run[start:kept.start()]))
+            out.append(kept[0].upper())
+            start = kept.end()
+    out.append(_decode_utf8(run[start:]))
+    return "".join(out)
+
+
+def _decode_utf8(run: str) -> str:
+    """``%XX%XX...`` decoded; a byte that does not decode keeps its ``%XX``."""
+    data = bytes(int(run[i + 1:i + 3], 16) for i in range(0, len(run), 3))
+    out: list[str] = []
+    while data:
+        try:
+            out.append(data.decode("utf-8"))
+            break
+        except UnicodeDecodeError as exc:
+            out.append(data[:exc.start].decode("utf-8"))
+            consumed = len(run) - 3 * len(data)
+            out.append(run[consumed + 3 * exc.start:consumed + 3 * exc.end])
+            data = data[exc.end:]
+    return "".join(out)
+
+
+class _OctetStream(EmailMessage):
+    """A Content-Type parsed as RFC 9110 says: ``application/octet-stream`` when absent
+    or not ``type/subtype``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_default_type("application/octet-stream")
+
+    def get_content_type(self) -> str:
+        """The lower-cased ``type/subtype``, or the default."""
+        ctype = self.get("content-type", "").lower().partition(";")[0].strip()
+        return ctype if ctype.count("/") == 1 else self.get_default_type()
+
+
+def parse_content_type(raw: str | None) -> tuple[str, str | None]:
+    """``(type/subtype, charset)`` of a Content-Type header (None when absent)."""
+    if raw is None:
+        return "application/octet-stream", None
+    message = HeaderParser(_OctetStream, policy=HTTP).parsestr(f"Content-Type: {raw}")
+    params = dict(message.get_params(())[1:])
+    return message.get_content_type(), params.get("charset")
+
+
+class _Inflater:
+    """Undoes a gzip or deflate Content-Encoding a chunk at a time, never producing
+    more than asked (a small body cannot expand into a large one unbounded)."""
+
+    __slots__ = ("_deflate", "_engine", "_started")
+
+    def __init__(self, encoding: str) -> None:
+        self._deflate = encoding == "deflate"
+        self._engine = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip"
+                                          else zlib.MAX_WBITS)
+        self._started = False
+
+    def feed(self, chunk: bytes, most: int) -> bytes:
+        """Up to ``most`` bytes decoded from ``chunk``; raises ``zlib.error``."""
+        if not self._started and chunk:
+            self._started = True
+            # A "deflate" body without its zlib header (as some clients send it).
+            if self._deflate and chunk[0] & 0xF != 8:
+                self._engine = zlib.decompressobj(-zlib.MAX_WBITS)
+        return self._engine.decompress(chunk, most)
+
+    def finished(self) -> bool:
+        """Whether a deflate stream ended properly (gzip is taken as it came)."""
+        return not self._deflate or not self._started or self._engine.eof
+
+
+class Request:
+    """One request: its head as parsed, its body as it arrives."""
+
+    __slots__ = (
+        "_chunks", "_conn", "_error", "_inflater", "_limit", "_query", "_query_string",
+        "_size", "_waiter", "complete", "content_length", "discarding", "headers",
+        "keep_alive", "method", "path", "version",
+    )
+
+    def __init__(
+        self,
+        conn: HttpConnection,
+        method: str,
+        target: bytes,
+        version: str,
+        headers: dict[str, str],
+        keep_alive: bool,
+        limit: int,
+    ) -> None:
+        self._conn = conn
+        self.method = method
+        self.version = version
+        # Header names in lower case, the first value of a repeated one.
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.path, self._query_string = _split_target(target)
+        self._query: dict[str, str] | None = None
+        length = headers.get("content-length")
+        self.content_length = int(length) if length is not None else None
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._error: BodyError | None = None
+        encoding = headers.get("content-encoding", "")
+        encoding = encoding.lower() if encoding.isascii() else encoding
+        self._inflater = _Inflater(encoding) if encoding in ("gzip", "deflate") else None
+        if encoding in ("br", "zstd"):
+            self._error = BodyError(400, f"cannot decode content-encoding {encoding}: send "
+                                         "the body unencoded, gzip or deflate")
+        self._waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.discarding = False
+
+    @property
+    def query(self) -> Mapping[str, str]:
+        """The target's query parameters (the first of a repeated name)."""
+        if self._query is None:
+            pairs = parse_qsl(self._query_string, keep_blank_values=True)
+            self._query = {}
+            for name, value in pairs:
+                self._query.setdefault(name, value)
+        return self._query
+
+    @property
+    def remote(self) -> str | None:
+        """The client's address."""
+        return self._conn.remote
+
+    def client_gone(self) -> bool:
+        """Whether the client closed the connection (or it was closed)."""
+        return self._conn.gone()
+
+    def send_continue(self) -> None:
+        """Tell the client to send its body (the answer to ``Expect: 100-continue``)."""
+        self._conn.write(CONTINUE)
+
+    def _feed(self, chunk: bytes) -> None:
+        if self.discarding or self._error is not None:
+            return
+        if self._inflater is not None:
+            try:
+                chunk = self._inflater.feed(chunk, self._limit + 1 - self._size)
+            except zlib.error:
+                self._fail(BodyError(400, f"cannot decode content-encoding "
+                                          f"{self.headers['content-encoding']}"))
+                return
+        self._size += len(chunk)
+        if self._size <= self._limit:
+            self._chunks.append(chunk)
+            return
+        self._chunks.clear()
+        if self._inflater is None:
+            self._wake()  # counted on: a complete body says its size
+            return
+        self._fail(BodyError(413, f"Maximum request body size {self._limit} exceeded."))
+
+    def _finish(self) -> None:
+        self.complete = True
+        if self._inflater is not None and not self._inflater.finished():
+            self._fail(BodyError(400, f"cannot decode content-encoding "
+                                      f"{self.headers['content-encoding']}"))
+        self._wake()
+
+    def _fail(self, error: BodyError) -> None:
+        if self._error is None:
+            self._error = error
+            self._chunks.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _over(self) -> BodyError | None:
+        """The error of a body past the limit, in the words of how it was seen."""
+        if self._size <= self._limit:
+            return None
+        if self.complete and self._inflater is None:
+            return BodyError(413, f"body of {self._size} bytes exceeds the limit of {self._limit}")
+        return BodyError(413, f"Maximum request body size {self._limit} exceeded.")
+
+    async def body(self, within: float) -> bytes:
+        """The whole body, once arrived; raises ``BodyError`` (408 after ``within``
+        seconds, 413 over the limit, 400 undecodable) or ``ConnectionResetError``."""
+        if not self.complete and self._error is None and self._size <= self._limit:
+            try:
+                async with asyncio.timeout(within):
+                    while not (self.complete or self._error is not None
+                               or self._size > self._limit):
+                        if self._conn.gone():
+                            raise ConnectionResetError("the client went away")
+                        self._waiter = asyncio.get_running_loop().create_future()
+                        await self._waiter
+            except TimeoutError:
+                raise BodyError(
+                    408, f"the request body did not arrive within {within:g}s", close=True
+                ) from None
+            finally:
+                self._waiter = None
+        if self._error is not None:
+            raise self._error
+        if (too_large := self._over()) is not None:
+            raise too_large
+        chunks = self._chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _drop_rest(self, within: float) -> bool:
+        """Drop the body's unread rest; whether it ended within ``within`` seconds."""
+        self.discarding = True
+        self._chunks.clear()
+        try:
+            async with asyncio.timeout(within):
+                while not self.complete and not self._conn.gone():
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    await self._waiter
+        except TimeoutError:
+            return False
+        finally:
+            self._waiter = None
+        return self.complete
+
+
+def _split_target(target: bytes) -> tuple[str, str]:
+    """(decoded path, raw query) of a request target in any of its forms."""
+    if target.startswith(b"/"):
+        raw, _, rest = target.partition(b"?")
+        query = rest.partition(b"#")[0]
+        raw = raw.partition(b"#")[0]
+    else:  # absolute form (or "*", or an authority)
+        try:
+            url = httptools.parse_url(target)
+        except httptools.HttpParserInvalidURLError:
+            return target.decode("utf-8", "surrogateescape"), ""
+        raw, query = url.path or b"", url.query or b""
+        if not raw and url.schema:
+            raw = b"/"
+    return (decode_path(raw.decode("utf-8", "surrogateescape")),
+            query.decode("utf-8", "surrogateescape"))
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+"""The transport's request handler: answers every request, raising only
+``ConnectionError`` (the client went away: nothing to answer)."""
+
+
+class _DateLine:
+    """The ``Date`` header line, formatted once a second."""
+
+    def __init__(self) -> None:
+        self._second = 0
+        self._line = b""
+
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._line = f"Date: {formatdate(now, usegmt=True)}\r\n".encode()
+        return self._line
+
+
+_date = _DateLine()
+_status_lines: dict[tuple[str, int], bytes] = {}
+
+
+def _status_line(version: str, status: int) -> bytes:
+    line = _status_lines.get((version, status))
+    if line is None:
+        line = f"HTTP/{version} {status} {reason(status)}\r\n".encode()
+        if len(_status_lines) < 512:  # the versions are the client's: bounded
+            _status_lines[(version, status)] = line
+    return line
+
+
+def _connection_line(version: str, keep_alive: bool) -> bytes:
+    """What HTTP/1.0 and 1.1 clients need said: that 1.0 keeps alive, that 1.1 closes."""
+    if keep_alive:
+        return b"Connection: keep-alive\r\n" if version == "1.0" else b""
+    return b"Connection: close\r\n" if version == "1.1" else b""
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parses its requests and answers them in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._guard = server.guard
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._lost = False
+        self.remote: str | None = None
+        self._queue: deque[Request] = deque()
+        # The request whose head or body is being parsed; its head's parts so far.
+        self._parsing: Request | None = None
+        self._in_head = False
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._count = 0
+        self._head_bytes = 0  # the head's target and fields so far
+        self._head_chunks = 0  # the chunks that arrived since the head's first
+        self._began = False  # a head began in the chunk being parsed
+        self._head_error = ""
+        self._reading = True  # input still parsed (not after an error or an upgrade)
+        self._abandoned = False  # input left unparsed (an error, an upgrade): linger
+        self._read_paused = False
+        self._write_paused = False
+        self._writable: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # When a complete request head must have arrived by (None: one is being answered).
+        self._deadline: float | None = None
+        self._closing = False  # answer what is in progress, then close
+        self._serving: Request | None = None  # the request whose handler runs
+        self._answered = False  # an answer was sent on this connection
+        self.busy = False  # a request is being answered: never evicted (see the guard)
+
+    # -- transport events ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Admit the connection (evicting an idle one at the cap) and start its clock."""
+        # A cast, not a check: uvloop's transports do not subclass asyncio's.
+        stream = cast(asyncio.Transport, transport)
+        if not self._guard.admit(self):
+            self._lost = True
+            self._reading = False
+            stream.abort()
+            return
+        self._transport = stream
+        self._server.connections.add(self)
+        peer = stream.get_extra_info("peername")
+        self.remote = peer[0] if isinstance(peer, tuple) else None
+        sock = stream.get_extra_info("socket")
+        if sock is not None:  # dead peers are found by TCP, not only by the timeouts
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError:
+                pass
+        self._arm_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection; a handler still running finds it gone."""
+        if self._lost:
+            return
+        self._lost = True
+        self._guard.release(self)
+        self._server.connections.discard(self)
+        self._cancel_timer()
+        for request in self._queue:
+            request._wake()
+        if self._parsing is not None:
+            self._parsing._wake()
+        writable = self._writable
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        """The socket's buffer is full: the next answer waits."""
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        """The socket's buffer drained."""
+        self._write_paused = False
+        writable = self._writable
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        """Parse what arrived; queue each request whose head is complete."""
+        if not self._reading:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # llhttp completed the request before stopping; what follows it is not HTTP
+            # (this server upgrades to nothing): it is answered, then the connection closes.
+            self._reading = False
+            self._abandoned = True
+        except httptools.HttpParserCallbackError:
+            self._refuse(self._head_error)
+        except httptools.HttpParserError as exc:
+            # A TLS handshake's first bytes: a client set up for HTTPS, say so.
+            tls = data.startswith(b"\x16\x03") and self._parsing is None
+            # Scanners and HTTPS clients send such first requests all day on the
+            # internet: not worth a warning each.
+            noise = (tls or isinstance(exc, httptools.HttpParserInvalidMethodError)) \
+                and not self._answered
+            self._refuse("TLS (HTTPS) on an HTTP port" if tls else str(exc), noise=noise)
+        else:
+            # llhttp keeps an incomplete header field itself: bound what it holds (to a
+            # chunk more than the limit when the head began in this chunk).
+            if self._in_head and not self._began:
+                self._head_chunks += len(data)
+                if self._head_chunks > MAX_HEAD_BYTES:
+                    self._refuse(f"request head over {MAX_HEAD_BYTES} bytes")
+        self._began = False
+
+    def eof_received(self) -> bool | None:
+        """The client closed its side: the connection closes (a long-poll in progress
+        finds its reader gone and leaves the messages for the next one)."""
+        self._reading = False
+        return None
+
+    # -- parser callbacks (httptools) ----------------------------------------------
+
+    def on_message_begin(self) -> None:
+        """A request starts."""
+        self._in_head = True
+        self._began = True
+        self._url = b""
+        self._headers = {}
+        self._count = 0
+        self._head_bytes = self._head_chunks = 0
+
+    def on_url(self, url: bytes) -> None:
+        """(Part of) the request target."""
+        self._url += url
+        self._head_bytes += len(url)
+        if len(self._url) > MAX_LINE_BYTES:
+            self._fail_head(f"request target over {MAX_LINE_BYTES} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """One header field."""
+        self._count += 1
+        if self._count > MAX_HEADERS:
+            self._fail_head(f"more than {MAX_HEADERS} header fields")
+        if len(name) > MAX_LINE_BYTES or len(value) > MAX_LINE_BYTES:
+            self._fail_head(f"a header field over {MAX_LINE_BYTES} bytes")
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._fail_head(f"request head over {MAX_HEAD_BYTES} bytes")
+        key = name.decode("latin-1").lower()
+        if key not in self._headers:
+            self._headers[key] = value.decode("utf-8", "surrogateescape")
+
+    def on_headers_complete(self) -> None:
+        """The head is complete: queue the request."""
+        parser = self._parser
+        version = parser.get_http_version()
+        if version == "1.1" and "host" not in self._headers:
+            self._fail_head("missing Host header")
+        request = Request(
+            self,
+            parser.get_method().decode("ascii"),
+            self._url,
+            version,
+            self._headers,
+            parser.should_keep_alive(),
+            self._server.max_body_bytes,
+        )
+        self._in_head = False
+        self._parsing = request
+        self._deadline = None
+        self._enqueue(request)
+
+    def on_body(self, chunk: bytes) -> None:
+        """Part of the current request's body."""
+        if self._parsing is not None:
+            self._parsing._feed(chunk)
+
+    def on_message_complete(self) -> None:
+        """The current request's body is complete."""
+        request, self._parsing = self._parsing, None
+        if request is not None:
+            request._finish()
+            self._update_reading()
+
+    def _fail_head(self, message: str) -> None:
+        self._head_error = message
+        raise _HeadError(message)
+
+    # -- serving -------------------------------------------------------------------
+
+    def gone(self) -> bool:
+        """Whether the connection is closed or closing."""
+        transport = self._transport
+        return self._lost or transport is None or transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` unless the connection is gone."""
+        if not self.gone():
+            cast(asyncio.Transport, self._transport).write(data)
+
+    def abort(self) -> None:
+        """Close at once (a reset): the guard makes room."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def shutdown(self) -> None:
+        """Stop taking requests: close now if idle, else after the answer in progress."""
+        self._reading = False
+        self._closing = True
+        if self._task is None and self._transport is not None:
+            self._transport.close()
+
+    def _refuse(self, message: str, *, noise: bool = False) -> None:
+        """Answer the malformed input with 400 after what came before it, then close."""
+        log.log(logging.DEBUG if noise else logging.WARNING,
+                "http: malformed request from %s: %s", self.remote, message)
+        self._reading = False
+        self._abandoned = True
+        request, self._parsing = self._parsing, None
+        if request is None:
+            self._enqueue(_BadRequest(self, message))
+        elif request is self._serving:  # its body cannot be read: its handler answers
+            request._fail(BodyError(400, f"malformed request body: {message}", close=True))
+        else:  # (the last queued) not answered yet: it is the malformed request
+            self._queue[-1] = _BadRequest(self, message)
+
+    def _enqueue(self, request: Request) -> None:
+        self._queue.append(request)
+        self._update_reading()
+        if self._task is None:
+            self._deadline = None
+            task = asyncio.get_running_loop().create_task(self._serve())
+            self._task = task
+            self._server.track(task)
+
+    def _update_reading(self) -> None:
+        """Pause reading while requests wait behind the one answered (a later one's
+        body arriving, or ``QUEUE_MAX`` of them); resume once they are answered."""
+        transport = self._transport
+        if transport is None or self._lost:
+            return
+        queue = self._queue
+        waiting = len(queue) > 1 and (
+            len(queue) >= QUEUE_MAX or (self._parsing is not None and self._parsing is not queue[0])
+        )
+        if waiting and not self._read_paused:
+            self._read_paused = True
+            transport.pause_reading()
+        elif not waiting and self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    async def _serve(self) -> None:
+        """Answer the queued requests in order, then wait for the next (idle timer)."""
+        guard, queue, server = self._guard, self._queue, self._server
+        try:
+            while queue:
+                request = queue[0]
+                self.busy = True
+                guard.touch(self)
+                try:
+                    if isinstance(request, _BadRequest):
+                        response = server.refuse(request.error)
+                    else:
+                        self._serving = request
+                        response = await server.handler(request)
+                except ConnectionError:
+                    self._close()
+                    return
+                except Exception:  # the handler answers every error: a bug, not the client
+                    log.exception("http: no answer for %s %s", request.method, request.path)
+                    self._close()
+                    return
+                finally:
+                    self._serving = None
+                    self.busy = False
+                    guard.touch(self)
+                if self.gone():
+                    return
+                keep = request.keep_alive and not response.close and not self._closing
+                self._send(request, response, keep)
+                if self._write_paused:
+                    await self._drained()
+                # The unread rest of a body is dropped (for a while) before the next
+                # request, or the close, so the client is not reset before it reads.
+                if not request.complete and not (
+                    self._reading and await request._drop_rest(server.header_timeout)
+                ):
+                    keep = False
+                queue.popleft()
+                self._update_reading()
+                if self._abandoned and not queue:
+                    self._linger_close()
+                    return
+                if not keep or (not self._reading and not queue):
+                    self._close()
+                    return
+        finally:
+            self._task = None
+        self._arm_timer()
+
+    def _send(self, request: Request, response: Response, keep_alive: bool) -> None:
+        body = response.body
+        version = request.version
+        head = b"".join((
+            _status_line(version, response.status),
+            response.head,
+            b"Content-Length: %d\r\n" % len(body),
+            _date.get(),
+            _connection_line(version, keep_alive),
+            b"\r\n",
+        ))
+        # A HEAD's answer has the GET's head, without its body.
+        self.write(head if request.method == "HEAD" else head + body)
+        self._answered = True
+
+    async def _drained(self) -> None:
+        while self._write_paused and not self.gone():
+            self._writable = asyncio.get_running_loop().create_future()
+            try:
+                await self._writable
+            finally:
+                self._writable = None
+
+    def _close(self) -> None:
+        self._reading = False
+        if self._transport is not None:
+            self._transport.close()
+
+    def _linger_close(self) -> None:
+        """Close after input that is not read on: end the answer (FIN), drop what the
+        client still sends until it closes or for ``header_timeout``, then close.
+        Closing at once with unread input would reset the connection, and the client
+        could lose the answer."""
+        transport = self._transport
+        if transport is None or self.gone():
+            return
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+        if not transport.can_write_eof():
+            self._close()
+            return
+        transport.write_eof()
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(
+            self._server.header_timeout, self._close
+        )
+
+    def _arm_timer(self) -> None:
+        """Close the connection unless a complete request head arrives in time."""
+        if self.gone():
+            return
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + self._server.header_timeout
+        # One timer a connection, moved on when it fires early: a timer handle for
+        # every request costs more than the odd early wake-up.
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._idle_too_long)
+
+    def _cancel_timer(self) -> None:
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _idle_too_long(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None or self.gone():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._timer = loop.call_at(deadline, self._idle_too_long)
+        elif self._task is None and not self._queue:
+            self._close()
+
+
+class _BadRequest(Request):
+    """Stands in the queue for input that is no request: answered by the server's
+    ``refuse`` (400), then the connection closes."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, conn: HttpConnection, error: str) -> None:
+        super().__init__(conn, "", b"/", "1.1", {}, False, 0)
+        self.error = error
+        self.complete = True
+
+
+class HttpServer:
+    """Serves ``handler`` on a listening socket, under the ``guard``'s cap; input that is
+    not a request is answered by ``refuse``."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        refuse: Callable[[str], Response],
+        guard: ConnectionGuard,
+        *,
+        max_body_bytes: int,
+        header_timeout: float,
+    ) -> None:
+        self.handler = handler
+        # The answer to input that is no request (what is wrong with it given).
+        self.refuse = refuse
+        self.guard = guard
+        self.max_body_bytes = max_body_bytes
+        self.header_timeout = header_timeout
+        self.connections: set[HttpConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.Server | None = None
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Keep ``task`` (a connection's answering) until it ends, for ``stop``."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Bind and accept; the bound address (the real port when ``port`` is 0)."""
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            lambda: HttpConnection(self), host, port, backlog=1024
+        )
+        found: Any = self._listener.sockets[0].getsockname()
+        return found[0], found[1]
+
+    async def stop(self, timeout: float) -> None:  # noqa: ASYNC109 - a grace period, then cancel
+        """Stop accepting; close idle connections; let answers in progress finish for
+        ``timeout`` seconds, then cancel them; close every connection."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        for conn in list(self.connections):
+            conn.abort()
+        if listener is not None:
+            await listener.wait_closed()
