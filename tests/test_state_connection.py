@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from test_state_helpers import ORIGIN, T0, request
 
@@ -121,6 +121,49 @@ async def test_without_the_private_attributes_it_takes_redis_py_own_paths(
     await client.delete(key)
 
 
+async def test_a_lane_keeps_its_connection_and_answers_as_the_client_does(
+        client_of: Client, namespace: str) -> None:
+    client = client_of(max_connections=4)
+    pool = client.connection_pool
+    lane = conn.Lane(pool)
+    stream, text, n = namespace + ":s", namespace + ":text", namespace + ":n"
+    await client.xadd(stream, {"m": "1"})
+    await client.set(text, "not a number")
+    kept = await lane.client_id()
+    assert await lane.client_id() == kept != await client.client_id()  # kept, not given back
+    assert len(pool._in_use_connections) == 1 and len(pool._available_connections) == 1
+    # Replies parsed as the client parses them; an error reply raised, the lane still in step.
+    assert await lane.xread({stream: "0"}) == await client.xread({stream: "0"})
+    with pytest.raises(ResponseError):
+        await lane.incr(text)
+    assert await lane.incr(n) == 1
+    # A pipeline without a transaction: every reply read, an error reply in its place.
+    replies = await lane.pipelined([("INCR", n), ("INCR", text), ("GET", n)],
+                                   raise_on_error=False)
+    assert replies[0] == 2 and isinstance(replies[1], ResponseError) and replies[2] == "2"
+    with pytest.raises(ResponseError):
+        await lane.pipelined([("INCR", text), ("INCR", n)])
+    assert await lane.get(n) == "3"
+    await lane.aclose()
+    assert len(pool._in_use_connections) == 0 and len(pool._available_connections) == 2
+    await client.delete(stream, text, n)
+
+
+async def test_a_lane_with_more_callers_than_connections_serves_them_all(
+        client_of: Client, namespace: str) -> None:
+    # A blocking client's lane keeps every connection of its pool; callers beyond them
+    # wait for the pool, so a connection coming back goes to them, not to the lane.
+    reader = conn.blocking_client(client_of(), 1.0, 2)
+    try:
+        async with asyncio.timeout(30):  # a caller left waiting for ever would hang here
+            blocked = [reader.blpop([f"{namespace}:list:{i}"], timeout=0.05)
+                       for i in range(12)]
+            assert await asyncio.gather(*blocked) == [None] * 12
+        assert len(reader.connection_pool._in_use_connections) == 2  # kept for next time
+    finally:
+        await reader.aclose()
+
+
 def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
     ours = conn._Connection()
     theirs = aioredis.Connection()
@@ -181,6 +224,8 @@ async def test_after_a_server_restart_stale_connections_are_retried_once(
         try:
             store = ConversationStore(client, settings)
             await store.apply(request("before"), ORIGIN, now=T0)
+            lane = conn.Lane(client.connection_pool)
+            assert await lane.ping()
             # Fill the pool with idle connections, then restart the server under them.
             await asyncio.gather(*(client.blpop([f"warm:{i}"], timeout=0.05) for i in range(8)))
             assert len(client.connection_pool._available_connections) == 8
@@ -195,6 +240,8 @@ async def test_after_a_server_restart_stale_connections_are_retried_once(
                 pipe.incr(f"{namespace}:n")
                 pipe.get(f"{namespace}:k0")
                 assert await pipe.execute() == [1, "0"]
+            assert await lane.pipelined([("INCR", f"{namespace}:n"), ("GET", f"{namespace}:k1")]
+                                        ) == [2, "1"]
             applied = await store.apply(request("after"), ORIGIN, now=T0)
             assert applied.outcome is Outcome.APPLIED
         finally:
@@ -212,19 +259,23 @@ async def test_a_frozen_server_times_commands_out_once_and_blocking_reads_keep_t
         handle = await conn.open_redis(settings)
         client = handle.client
         reader = conn.blocking_client(client, 1.0, 1)
+        lane = conn.Lane(client.connection_pool)
         try:
             # A block longer than the command timeout is not cut: it ends empty.
             assert await reader.xread({f"{namespace}:s": "$"}, block=1000) == []
+            assert await lane.ping()  # each has its connection before the freeze
             pid = int((await client.info("server"))["process_id"])
             os.kill(pid, signal.SIGSTOP)
             try:
                 with pytest.raises(RedisTimeoutError):
                     await client.incr(f"{namespace}:n")
+                with pytest.raises(RedisTimeoutError):
+                    await lane.incr(f"{namespace}:n")
             finally:
                 os.kill(pid, signal.SIGCONT)
-            # The timed-out command ran after the freeze, and only once: a timeout is
-            # never sent again (it may have run), unlike a stale connection.
-            assert await client.get(f"{namespace}:n") == "1"
+            # The timed-out commands ran after the freeze, and only once each: a timeout
+            # is never sent again (it may have run), unlike a stale connection.
+            assert await client.get(f"{namespace}:n") == "2"
         finally:
             await reader.aclose()
             await handle.close()
