@@ -14,6 +14,12 @@ calls become one call of it, KEYS and per-call ARGV concatenated after the share
 and its reply is a list with one reply per call (an error reply fails that call alone).
 The server then runs the whole batch as one atomic step and the script can write what
 the calls share once (state/lua/apply.lua).
+
+Sends go through a ``Lane`` of the client's pool (state/connection.py): a batcher sends
+one batch after another, so it keeps a connection instead of taking one from the pool
+for each, and sends EVALSHA itself rather than through the script object's call (which
+builds the arguments again and looks up a class each time), loading the script again
+when the server lost it (NOSCRIPT) as that call does.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
+
+from state.connection import Lane
 
 _Call = tuple[list[str], list[Any], "asyncio.Future[Any]"]
 _Args = tuple[list[str], list[Any]]
@@ -41,7 +49,7 @@ class ScriptBatcher:
     def __init__(self, redis: aioredis.Redis, script: AsyncScript, max_batch: int = 256,
                  *, merged_head: list[Any] | None = None,
                  max_in_flight: int | None = None) -> None:
-        self._redis = redis
+        self._lane = Lane(redis.connection_pool)
         self._script = script
         self._max_batch = max_batch
         self._head = merged_head
@@ -131,33 +139,39 @@ class ScriptBatcher:
         if len(calls) == 1:
             keys, args = calls[0]
             try:
-                return [await self._script(keys=keys, args=args)]
+                return [await self._evalsha(keys, args)]
             except ResponseError as exc:
                 return [exc]
         return await self._pipelined(calls)
+
+    async def _evalsha(self, keys: list[str], args: list[Any]) -> Any:
+        script, lane = self._script, self._lane
+        try:
+            return await lane.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:  # the server lost it (a restart): load it and run it again,
+            script.sha = await lane.script_load(script.script)  # as the script object does
+        return await lane.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def _merged(self, calls: list[_Args]) -> list[Any]:
         """One call of the batch script for ``calls``; its replies, one per call."""
         assert self._head is not None
         keys = [k for call_keys, _ in calls for k in call_keys]
         args = [*self._head, *(a for _, call_args in calls for a in call_args)]
-        replies = await self._script(keys=keys, args=args)
+        replies = await self._evalsha(keys, args)
         if not isinstance(replies, list) or len(replies) != len(calls):
             raise RuntimeError(f"batch script answered {len(calls)} calls with {replies!r:.200}")
         return replies
 
     async def _pipelined(self, batch: list[_Args]) -> list[Any]:
-        # EVALSHA directly: handing the script object to the pipeline would make it send
-        # SCRIPT EXISTS with every batch.
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for keys, args in batch:
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        sha = self._script.sha
+        replies = await self._lane.pipelined(
+            [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in batch],
+            raise_on_error=False)
         for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):  # a restarted server: load it, run again
+            if isinstance(reply, NoScriptError):
                 keys, args = batch[i]
                 try:
-                    replies[i] = await self._script(keys=keys, args=args)
+                    replies[i] = await self._evalsha(keys, args)
                 except Exception as exc:
                     replies[i] = exc
         return replies
