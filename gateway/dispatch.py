@@ -35,7 +35,7 @@ from adapters.delivery import through_cancel
 from gateway.config import OutboxSection
 from gateway.metrics import Metrics
 from gateway.outbox import Item, Outbox, items_of
-from state.connection import blocking_client
+from state.connection import Lane, blocking_client
 from state.leases import Lease
 
 log = logging.getLogger("bpgw.gateway.dispatch")
@@ -54,7 +54,8 @@ DONE_TTL_SECONDS = 7 * 86400
 # finish and be recorded; the lease is kept meanwhile (renewed every third of its life).
 STOP_GRACE_SECONDS = 10.0
 
-_Writes = list[Callable[[Any], Any]]
+_Writes = list[tuple[Any, ...]]
+"""Commands recording what was sent, run with the entries' acknowledgement."""
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
@@ -81,6 +82,8 @@ class Dispatcher:
         # New journal entries are awaited in Redis (BLOCK) on a connection of its own,
         # whose read timeout is the block time plus a margin, not the command timeout.
         self._journal_reader = blocking_client(self._redis, BLOCK_MS / 1000, 1)
+        # Each batch's records and acknowledgement go on a connection of its own too.
+        self._acks = Lane(self._redis.connection_pool)
         self._adapters = adapters
         self._s = settings
         self._on_dead = on_dead_letter
@@ -136,6 +139,7 @@ class Dispatcher:
         self._task = self._keepalive = self._reclaimer = None
         self._workers.clear()
         await self._journal_reader.aclose()
+        await self._acks.aclose()
         if self._holding:
             self._holding = False
             try:
@@ -341,12 +345,9 @@ class Dispatcher:
         await asyncio.gather(
             *(self._to_dest(dest, items, replay, writes) for dest, items in groups.items())
         )
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for write in writes:
-                write(pipe)
-            pipe.xack(self._keys.journal, GROUP, *ids)
-            pipe.xdel(self._keys.journal, *ids)
-            await pipe.execute()
+        journal = self._keys.journal
+        await self._acks.pipelined([*writes, ("XACK", journal, GROUP, *ids),
+                                    ("XDEL", journal, *ids)])
         async with self._progress:
             self._done_id = max(self._done_id, _id_key(ids[-1]))
             self._progress.notify_all()
@@ -523,16 +524,11 @@ class Dispatcher:
             return  # inbox transports keep their own once-only record
         transport = item.out.address.transport
         ttl = int(self._outbox.echo_ttl_seconds)
-        sets = ([(self._keys.echo(transport, n), "1", ttl) for n in receipt.native_ids]
-                if adapter.capabilities.echoes_own_posts else [])
-        sets.append((self._keys.done(dest, item.entry_id), ",".join(receipt.native_ids),
-                     DONE_TTL_SECONDS))
-
-        def write(pipe: Any) -> None:
-            for key, value, seconds in sets:
-                pipe.set(key, value, ex=seconds)
-
-        writes.append(write)
+        if adapter.capabilities.echoes_own_posts:
+            writes += [("SET", self._keys.echo(transport, n), "1", "EX", ttl)
+                       for n in receipt.native_ids]
+        writes.append(("SET", self._keys.done(dest, item.entry_id),
+                       ",".join(receipt.native_ids), "EX", DONE_TTL_SECONDS))
 
     async def _enqueue_retry(self, dest: str, items: list[Item]) -> None:
         """Queue items behind the destination's failed head (bounded: overflow is buried)."""
@@ -624,8 +620,8 @@ class Dispatcher:
             assert failed is not None
             await self._bury(dest, failed)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for write in writes:
-                write(pipe)
+            for command in writes:
+                pipe.execute_command(*command)
             if sent + buried:
                 pipe.ltrim(queue, sent + buried, -1)
             if failed is not None and not buried:
