@@ -33,8 +33,6 @@ BLOCK_MARGIN_SECONDS = 2.0
 """Read timeout of a command that blocks in Redis, beyond its block time: room for the
 answer due when the block ends to arrive late on a loaded machine, while a frozen server
 is still noticed soon after."""
-FAST_SEND_BYTES = 16 * 1024
-"""Commands up to this size are written without redis-py's per-send asyncio Task."""
 # The private attributes the fast paths below read; without them, redis-py's own paths.
 POOL_PRIVATE_ATTRS = ("_condition", "_available_connections", "_in_use_connections",
                       "_in_maintenance")
@@ -47,12 +45,13 @@ class _Connection(aioredis.Connection):
 
     With a socket timeout set, redis-py sends every command inside
     ``asyncio.wait_for``, which on Python 3.11 runs the send as a new Task: some tens of
-    microseconds per command, a tenth of a round trip on loopback. Yet a small write on
-    a connected socket whose buffer is empty never waits (``drain`` returns at once
-    below the transport's high-water mark of 64 KiB), so there is nothing to time out:
-    such sends run with the timeout off for that instant. Any other send (large, not
-    yet connected, health check due, buffer not empty) takes redis-py's own path, and
-    reads keep their timeout always.
+    microseconds per command, a tenth of a round trip on loopback. Yet a write on a
+    connected socket whose buffer is empty never waits when it is no larger than the
+    transport's high-water mark (64 KiB by default): the buffer then stays at or below
+    the mark, the protocol is not paused and ``drain`` returns at once; so there is
+    nothing to time out, and such sends run with the timeout off for that instant. Any
+    other send (larger, not yet connected, health check due, buffer not empty) takes
+    redis-py's own path, and reads keep their timeout always.
     """
 
     def pack_command(self, *args: Any) -> list[bytes]:
@@ -77,9 +76,10 @@ class _Connection(aioredis.Connection):
         writer = getattr(self, WRITER_ATTR, None)  # redis-py's private stream writer
         if (timeout and writer is not None and self.is_connected
                 and not self.health_check_interval and isinstance(command, list)
-                and not writer.transport.is_closing()
-                and writer.transport.get_write_buffer_size() == 0
-                and sum(len(part) for part in command) <= FAST_SEND_BYTES):
+                and not (transport := writer.transport).is_closing()
+                and transport.get_write_buffer_size() == 0
+                and sum(len(part) for part in command)
+                <= transport.get_write_buffer_limits()[1]):
             # No await below suspends (drain does not wait), so no other task sees
             # the timeout switched off.
             self.socket_timeout = None
