@@ -110,9 +110,10 @@ async def _hook(request: WebRequest) -> WebResponse:
 
 
 @asynccontextmanager
-async def serving(redis: Any, namespace: str) -> AsyncIterator[HttpAdapter]:
-    """A running transport (with a ``/hook`` webhook) answering for ``WireSink``."""
-    transport = create_adapter("http", "api", OPTIONS)
+async def serving(redis: Any, namespace: str, **options: Any) -> AsyncIterator[HttpAdapter]:
+    """A running transport (with a ``/hook`` webhook) answering for ``WireSink``, with
+    ``OPTIONS`` but for ``options``."""
+    transport = create_adapter("http", "api", {**OPTIONS, **options})
     assert isinstance(transport, HttpAdapter)
     transport.use_redis(redis, namespace)
     transport.serve_routes([WebRoute("/hook", _hook, transport="tg")])
@@ -376,6 +377,22 @@ CASES: dict[str, list[bytes]] = {
     "auth_lowercase_name": [
         b"GET /v1/conversations HTTP/1.1\r\nhost: x\r\nauthorization: bearer " + ALICE.encode()
         + b"\r\nconnection: close\r\n\r\n"],
+    "te_gzip_chunked": [
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ALICE.encode()
+        + b"\r\nContent-Type: text/plain\r\nTransfer-Encoding: gzip, chunked\r\n"
+        b"Connection: close\r\n\r\n2\r\nab\r\n0\r\n\r\n"],
+    "te_chunked_http10": [
+        b"POST /v1/messages HTTP/1.0\r\nAuthorization: Bearer " + ALICE.encode()
+        + b"\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\nab\r\n0\r\n\r\n"],
+    "te_chunked_upper": [b"".join(_chunked("/v1/messages", [b"ab"])).replace(
+        b"Transfer-Encoding: chunked", b"Transfer-Encoding: CHUNKED")],
+    "two_hosts": [b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\nConnection: close\r\n\r\n"],
+    "two_content_types": [_post("/v1/messages", MSG, extra="Content-Type: text/plain\r\n")],
+    "trailer_not_a_header": [b"".join(_chunked("/hook", [b"ab"])).replace(
+        b"0\r\n\r\n", b"0\r\nX-Secret: s\r\n\r\n")],
+    "trailer_endless": [b"".join(_chunked("/v1/messages", [b"ab"]))[:-2]
+                        + b"X-Trailer: " + b"a" * 200_000],
     "obs_fold": [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: b\r\n c\r\nConnection: close\r\n\r\n"],
 }
 

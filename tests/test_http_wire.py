@@ -13,7 +13,13 @@ and are unchanged for clients but in these cases (the new server's answers are r
   first (aiohttp dropped them);
 - ``post_gzip_bad`` (a body that is not the gzip it claims): 400, not a logged 503;
   ``post_br``: 400 in the JSON shape;
-- no ``Server`` header (it named aiohttp and Python's versions; nothing relies on it).
+- no ``Server`` header (it named aiohttp and Python's versions; nothing relies on it);
+- cases aiohttp took, refused 400 since as ambiguous (another server on the way could
+  read them otherwise): a second ``Host``, ``Authorization``, ``Content-Type`` or
+  ``Content-Encoding`` (``duplicate_auth``), a ``Transfer-Encoding`` other than
+  ``chunked`` or on HTTP/1.0 (``te_unknown``'s message changed with it); trailer fields
+  are never taken as headers (``trailer_not_a_header``) and are bounded as a head is
+  (``trailer_endless``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ busy connection, which calls the transport's handler with a ``Request`` and writ
   the handler did not read is dropped for at most ``header_timeout`` seconds after the
   answer, then the connection closes (so a client is not reset before it reads the answer);
 - while a later pipelined request's body arrives, or ``QUEUE_MAX`` requests wait,
-  reading pauses until the earlier ones are answered;
+  reading pauses until the earlier ones are answered (input is parsed ``PARSE_SLICE``
+  bytes at a time, so a pause also stops the parsing of what was read already);
+- trailer fields count with the head's bounds and are dropped; a second field of
+  ``_ONCE_ONLY``, or a Transfer-Encoding other than HTTP/1.1's chunked, is a 400;
 - an answer is written whole; the next one waits while the socket's buffer is over its
   high-water mark (``pause_writing``).
 
@@ -56,6 +59,10 @@ MAX_HEAD_BYTES = 65536
 """The longest request head (request line and header fields)."""
 QUEUE_MAX = 16
 """Pipelined requests parsed ahead of answering: at this many, reading pauses."""
+PARSE_SLICE = 4096
+"""Input is parsed this much at a time: once reading pauses, what a read brought beyond
+the slice waits unparsed, so however many small requests one read holds (a read can be
+256 KiB), at most ``QUEUE_MAX`` plus a slice's worth of them are queued."""
 
 JSON_UTF8 = "application/json; charset=utf-8"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -68,6 +75,9 @@ _REASONS: dict[int, str] = {
     422: "Unprocessable Entity",
 }
 _HEADER_VALUE_BAD = re.compile(r"[\r\n\x00]")
+# Fields that say how the request is read or whose it is: a second one is refused (400),
+# as another server or proxy on the way might have taken that one instead of the first.
+_ONCE_ONLY = frozenset({"host", "authorization", "content-type", "content-encoding"})
 _PCT_RUN = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
 _PCT_KEPT = re.compile(r"%2[Ff5]")  # an encoded "/" or "%" stays encoded in the path
 
@@ -219,7 +229,7 @@ class Request:
     """One request: its head as parsed, its body as it arrives."""
 
     __slots__ = (
-        "_chunks", "_conn", "_error", "_inflater", "_limit", "_query", "_query_string",
+        "_conn", "_data", "_error", "_inflater", "_limit", "_query", "_query_string",
         "_size", "_waiter", "complete", "content_length", "discarding", "headers",
         "keep_alive", "method", "path", "version",
     )
@@ -245,7 +255,7 @@ class Request:
         length = headers.get("content-length")
         self.content_length = int(length) if length is not None else None
         self._limit = limit
-        self._chunks: list[bytes] = []
+        self._data: bytes | bytearray = b""
         self._size = 0
         self._error: BodyError | None = None
         encoding = headers.get("content-encoding", "")
@@ -293,9 +303,17 @@ class Request:
                 return
         self._size += len(chunk)
         if self._size <= self._limit:
-            self._chunks.append(chunk)
+            data = self._data
+            if not data:
+                self._data = chunk  # the usual body, one chunk: kept as it came
+            else:
+                # One growing buffer, not a list: a body sent in 1-byte chunks must not
+                # cost an object (some 40 bytes) per byte.
+                if isinstance(data, bytes):
+                    data = self._data = bytearray(data)
+                data += chunk
             return
-        self._chunks.clear()
+        self._data = b""
         if self._inflater is None:
             self._wake()  # counted on: a complete body says its size
             return
@@ -311,7 +329,7 @@ class Request:
     def _fail(self, error: BodyError) -> None:
         if self._error is None:
             self._error = error
-            self._chunks.clear()
+            self._data = b""
         self._wake()
 
     def _wake(self) -> None:
@@ -349,16 +367,18 @@ class Request:
             raise self._error
         if (too_large := self._over()) is not None:
             raise too_large
-        chunks = self._chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        data = self._data
+        return data if isinstance(data, bytes) else bytes(data)
 
     async def _drop_rest(self, within: float) -> bool:
         """Drop the body's unread rest; whether it ended within ``within`` seconds."""
         self.discarding = True
-        self._chunks.clear()
+        self._data = b""
         try:
             async with asyncio.timeout(within):
-                while not self.complete and not self._conn.gone():
+                # (Until the parser gives up on it: malformed, the rest cannot be dropped.)
+                conn = self._conn
+                while not self.complete and conn._parsing is self and not conn.gone():
                     self._waiter = asyncio.get_running_loop().create_future()
                     await self._waiter
         except TimeoutError:
@@ -447,6 +467,7 @@ class HttpConnection(asyncio.Protocol):
         self._head_chunks = 0  # the chunks that arrived since the head's first
         self._began = False  # a head began in the chunk being parsed
         self._head_error = ""
+        self._unparsed = b""  # what a read brought past a pause, parsed when it ends
         self._reading = True  # input still parsed (not after an error or an upgrade)
         self._abandoned = False  # input left unparsed (an error, an upgrade): linger
         self._read_paused = False
@@ -515,6 +536,26 @@ class HttpConnection(asyncio.Protocol):
         """Parse what arrived; queue each request whose head is complete."""
         if not self._reading:
             return
+        if len(data) <= PARSE_SLICE:  # (the usual read: no call more than needed)
+            self._feed(data)
+        else:
+            self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
+        """Parse ``data`` a slice at a time, keeping what follows a pause for later."""
+        if len(data) <= PARSE_SLICE:
+            self._feed(data)
+            return
+        view = memoryview(data)
+        for start in range(0, len(data), PARSE_SLICE):
+            if not self._reading:
+                return
+            if self._read_paused:
+                self._unparsed = data[start:]
+                return
+            self._feed(view[start:start + PARSE_SLICE])
+
+    def _feed(self, data: bytes | memoryview) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -526,25 +567,28 @@ class HttpConnection(asyncio.Protocol):
             self._refuse(self._head_error)
         except httptools.HttpParserError as exc:
             # A TLS handshake's first bytes: a client set up for HTTPS, say so.
-            tls = data.startswith(b"\x16\x03") and self._parsing is None
+            tls = data[:2] == b"\x16\x03" and self._parsing is None
             # Scanners and HTTPS clients send such first requests all day on the
             # internet: not worth a warning each.
             noise = (tls or isinstance(exc, httptools.HttpParserInvalidMethodError)) \
                 and not self._answered
             self._refuse("TLS (HTTPS) on an HTTP port" if tls else str(exc), noise=noise)
         else:
-            # llhttp keeps an incomplete header field itself: bound what it holds (to a
-            # chunk more than the limit when the head began in this chunk).
+            # httptools keeps an incomplete header (or trailer) field itself: bound what
+            # it holds (to a slice more than the limit when the head began in this one).
             if self._in_head and not self._began:
                 self._head_chunks += len(data)
                 if self._head_chunks > MAX_HEAD_BYTES:
-                    self._refuse(f"request head over {MAX_HEAD_BYTES} bytes")
+                    self._refuse(f"request head over {MAX_HEAD_BYTES} bytes"
+                                 if self._parsing is None else
+                                 f"trailer fields over {MAX_HEAD_BYTES} bytes")
         self._began = False
 
     def eof_received(self) -> bool | None:
         """The client closed its side: the connection closes (a long-poll in progress
         finds its reader gone and leaves the messages for the next one)."""
         self._reading = False
+        self._unparsed = b""
         return None
 
     # -- parser callbacks (httptools) ----------------------------------------------
@@ -566,7 +610,7 @@ class HttpConnection(asyncio.Protocol):
             self._fail_head(f"request target over {MAX_LINE_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """One header field."""
+        """One header field, or a trailer field (counted with the head, then dropped)."""
         self._count += 1
         if self._count > MAX_HEADERS:
             self._fail_head(f"more than {MAX_HEADERS} header fields")
@@ -575,16 +619,29 @@ class HttpConnection(asyncio.Protocol):
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > MAX_HEAD_BYTES:
             self._fail_head(f"request head over {MAX_HEAD_BYTES} bytes")
+        if self._parsing is not None:
+            return  # a trailer field (after a chunked body): bounded, never a header
         key = name.decode("latin-1").lower()
-        if key not in self._headers:
-            self._headers[key] = value.decode("utf-8", "surrogateescape")
+        headers = self._headers
+        if key not in headers:
+            headers[key] = value.decode("utf-8", "surrogateescape")
+        elif key in _ONCE_ONLY:
+            self._fail_head(f"more than one {name.decode('latin-1')} header")
 
     def on_headers_complete(self) -> None:
         """The head is complete: queue the request."""
         parser = self._parser
         version = parser.get_http_version()
-        if version == "1.1" and "host" not in self._headers:
+        headers = self._headers
+        if version == "1.1" and "host" not in headers:
             self._fail_head("missing Host header")
+        # llhttp takes any coding list ending in chunked, and chunked on HTTP/1.0; this
+        # server undoes no transfer coding but chunked, and a 1.0 message with one has
+        # faulty framing (RFC 9112, 6.1): either would be read as another server does not.
+        if (coding := headers.get("transfer-encoding")) is not None and (
+            version != "1.1" or coding.strip(" \t").lower() != "chunked"
+        ):
+            self._fail_head("Transfer-Encoding other than chunked, or on HTTP/1.0")
         request = Request(
             self,
             parser.get_method().decode("ascii"),
@@ -599,14 +656,24 @@ class HttpConnection(asyncio.Protocol):
         self._deadline = None
         self._enqueue(request)
 
+    def on_chunk_header(self) -> None:
+        """A chunk's size line ended: till its data (after the last one: through the
+        trailer fields, which httptools holds while incomplete) input is bounded as a
+        head's."""
+        self._in_head = True
+        self._began = True
+        self._head_chunks = 0
+
     def on_body(self, chunk: bytes) -> None:
         """Part of the current request's body."""
+        self._in_head = False
         if self._parsing is not None:
             self._parsing._feed(chunk)
 
     def on_message_complete(self) -> None:
         """The current request's body is complete."""
         request, self._parsing = self._parsing, None
+        self._in_head = False
         if request is not None:
             request._finish()
             self._update_reading()
@@ -648,7 +715,9 @@ class HttpConnection(asyncio.Protocol):
         request, self._parsing = self._parsing, None
         if request is None:
             self._enqueue(_BadRequest(self, message))
-        elif request is self._serving:  # its body cannot be read: its handler answers
+        elif request is self._serving or request.discarding:
+            # Its body cannot be read: its handler answers, or has answered (and the
+            # connection closes once the rest is no longer dropped).
             request._fail(BodyError(400, f"malformed request body: {message}", close=True))
         else:  # (the last queued) not answered yet: it is the malformed request
             self._queue[-1] = _BadRequest(self, message)
@@ -677,6 +746,11 @@ class HttpConnection(asyncio.Protocol):
             transport.pause_reading()
         elif not waiting and self._read_paused:
             self._read_paused = False
+            if self._reading and (data := self._unparsed):
+                self._unparsed = b""
+                self._parse(data)
+                if self._read_paused:  # it filled the queue again
+                    return
             transport.resume_reading()
 
     async def _serve(self) -> None:

@@ -1,0 +1,114 @@
+"""The HTTP server (adapters/http/http11.py) against hostile clients on raw sockets: what
+it holds for them stays bounded, and it answers and closes as docs/http-api.md says.
+(The byte-for-byte answers to single malformed requests are tests/test_http_wire.py's.)"""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from http_wire import ALICE, exchange, serving
+
+from adapters.base import Address, Outbound, OutboundKind
+from adapters.http import HttpAdapter
+from adapters.http.http11 import PARSE_SLICE, QUEUE_MAX, HttpConnection
+
+pytestmark = pytest.mark.redis
+
+CHUNKED_POST = (f"POST {{target}} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n"
+                "Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n{extra}\r\n")
+CLOSE = "Connection: close\r\n"
+
+
+@pytest.fixture
+async def redis(redis_url: str, redis_client: Any) -> AsyncIterator[aioredis.Redis]:
+    """A client like the gateway's (the namespace is cleaned by redis_client)."""
+    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def _address(adapter: HttpAdapter) -> tuple[str, int]:
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+async def _connection(adapter: HttpAdapter) -> HttpConnection:
+    """The server's one client connection, once it has one."""
+    assert adapter._server is not None
+    for _ in range(1000):
+        if adapter._server.connections:
+            [conn] = adapter._server.connections
+            return conn
+        await asyncio.sleep(0.01)
+    raise AssertionError("no connection")
+
+
+async def test_one_read_of_thousands_of_pipelined_requests_queues_a_bounded_few(
+    redis: aioredis.Redis, namespace: str
+) -> None:
+    """Requests written at once behind a long-poll (so none is answered meanwhile): the
+    server queues ``QUEUE_MAX`` plus one slice's worth of them, not a whole read's
+    thousands; the rest is parsed once the queue empties, and every one is answered."""
+    async with serving(redis, namespace, long_poll_max_seconds=60) as adapter:
+        reader, writer = await asyncio.open_connection(*_address(adapter))
+        tiny = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        count = 20_000
+        writer.write(f"GET /v1/agents/alice/inbox?wait=60 HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {ALICE}\r\n\r\n".encode()
+                     + tiny * (count - 1) + tiny[:-2] + CLOSE.encode() + b"\r\n")
+        conn = await _connection(adapter)
+        for _ in range(1000):  # until reading pauses: the queue is as long as it gets
+            if conn._read_paused:
+                break
+            await asyncio.sleep(0.01)
+        assert conn._read_paused
+        assert len(conn._queue) <= QUEUE_MAX + PARSE_SLICE // len(tiny) + 1
+        await adapter.send(Outbound(Address("api", "alice"), "wake", kind=OutboundKind.NOTICE))
+        answers = await asyncio.wait_for(reader.read(), 60)
+        writer.close()
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == count + 1
+    assert b'"wake"' in answers.partition(b"HTTP/1.1 200 OK\r\n")[2].partition(b"HTTP/1.1")[0]
+
+
+async def test_a_body_in_one_byte_chunks_is_held_in_about_its_size(
+    redis: aioredis.Redis, namespace: str
+) -> None:
+    """A 200 KB body sent as 1-byte chunks: the server's memory grows by about the body
+    (kept in one buffer), not by an object per byte (some 8 MB)."""
+    size = 200_000
+    data = (CHUNKED_POST.format(target="/v1/messages", extra=CLOSE).encode()
+            + b"1\r\na\r\n" * size + b"0\r\n\r\n")
+    async with serving(redis, namespace, max_body_bytes=262_144,
+                       body_timeout_seconds=60) as adapter:
+        tracemalloc.start()
+        try:
+            answer, _ = await exchange(*_address(adapter), [data])
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert peak < 4 * len(data)
+
+
+async def test_a_malformed_trailer_after_the_answer_closes_at_once(
+    redis: aioredis.Redis, namespace: str
+) -> None:
+    """A chunked body the handler did not read (404) goes on, after the answer, into an
+    endless trailer field: the connection closes once it is over the head's bound, not
+    after ``header_timeout_seconds`` of dropping it (60 s here)."""
+    async with serving(redis, namespace, header_timeout_seconds=60) as adapter:
+        reader, writer = await asyncio.open_connection(*_address(adapter))
+        writer.write(CHUNKED_POST.format(target="/nothing", extra="").encode() + b"1\r\na\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 404 Not Found\r\n")
+        writer.write(b"0\r\nX-Trailer: " + b"a" * 200_000)
+        rest = await asyncio.wait_for(reader.read(), 20)  # the server's FIN
+        writer.close()
+    assert rest.endswith(b'"404: Not Found"}}')
