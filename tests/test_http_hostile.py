@@ -5,6 +5,7 @@ it holds for them stays bounded, and it answers and closes as docs/http-api.md s
 from __future__ import annotations
 
 import asyncio
+import socket
 import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
@@ -112,3 +113,27 @@ async def test_a_malformed_trailer_after_the_answer_closes_at_once(
         rest = await asyncio.wait_for(reader.read(), 20)  # the server's FIN
         writer.close()
     assert rest.endswith(b'"404: Not Found"}}')
+
+
+async def test_a_client_that_reads_no_answer_is_disconnected(
+    redis: aioredis.Redis, namespace: str
+) -> None:
+    """Pipelined requests whose answers outgrow the socket buffers, never read: the
+    connection is aborted ``header_timeout_seconds`` (1 s) after its answers stop
+    draining (whether the server was still answering or closing after the last one)."""
+    async with serving(redis, namespace) as adapter:
+        assert adapter._server is not None
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, _address(adapter))
+        _, writer = await asyncio.open_connection(sock=sock)
+        tiny = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        writer.write(tiny * 100_000 + tiny[:-2] + CLOSE.encode() + b"\r\n")
+        await _connection(adapter)
+        for _ in range(3000):
+            if not adapter._server.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert not adapter._server.connections
+        writer.transport.abort()

@@ -22,7 +22,9 @@ busy connection, which calls the transport's handler with a ``Request`` and writ
 - trailer fields count with the head's bounds and are dropped; a second field of
   ``_ONCE_ONLY``, or a Transfer-Encoding other than HTTP/1.1's chunked, is a 400;
 - an answer is written whole; the next one waits while the socket's buffer is over its
-  high-water mark (``pause_writing``).
+  high-water mark (``pause_writing``); a connection whose buffer does not drain for
+  ``header_timeout`` seconds (a client that reads no answers) is aborted, also when
+  closing after its last answer.
 
 The ``ConnectionGuard`` (adapters/http/connections.py) caps the connections held.
 """
@@ -782,8 +784,8 @@ class HttpConnection(asyncio.Protocol):
                     return
                 keep = request.keep_alive and not response.close and not self._closing
                 self._send(request, response, keep)
-                if self._write_paused:
-                    await self._drained()
+                if self._write_paused and not await self._drained():
+                    return
                 # The unread rest of a body is dropped (for a while) before the next
                 # request, or the close, so the client is not reset before it reads.
                 if not request.complete and not (
@@ -817,18 +819,35 @@ class HttpConnection(asyncio.Protocol):
         self.write(head if request.method == "HEAD" else head + body)
         self._answered = True
 
-    async def _drained(self) -> None:
-        while self._write_paused and not self.gone():
-            self._writable = asyncio.get_running_loop().create_future()
-            try:
-                await self._writable
-            finally:
-                self._writable = None
+    async def _drained(self) -> bool:
+        """Wait till the socket's buffer drains; False when the connection is gone, or
+        aborted as its client read nothing of it for ``header_timeout`` seconds (else
+        it would hold its answers, and the requests it sent, for as long as it likes)."""
+        try:
+            async with asyncio.timeout(self._server.header_timeout):
+                while self._write_paused and not self.gone():
+                    self._writable = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._writable
+                    finally:
+                        self._writable = None
+        except TimeoutError:
+            self.abort()
+        return not self.gone()
 
     def _close(self) -> None:
         self._reading = False
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None:
+            return
+        transport.close()
+        # A closing transport waits for its buffer to be sent: not for ever for a client
+        # that does not read.
+        if transport.get_write_buffer_size():
+            self._cancel_timer()
+            self._timer = asyncio.get_running_loop().call_later(
+                self._server.header_timeout, self.abort
+            )
 
     def _linger_close(self) -> None:
         """Close after input that is not read on: end the answer (FIN), drop what the
