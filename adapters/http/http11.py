@@ -534,30 +534,25 @@ class HttpConnection(asyncio.Protocol):
         if writable is not None and not writable.done():
             writable.set_result(None)
 
-    def data_received(self, data: bytes) -> None:
-        """Parse what arrived; queue each request whose head is complete."""
-        if not self._reading:
-            return
-        if len(data) <= PARSE_SLICE:  # (the usual read: no call more than needed)
-            self._feed(data)
-        else:
-            self._parse(data)
-
-    def _parse(self, data: bytes) -> None:
+    def _parse(self, data: bytes | memoryview) -> None:
         """Parse ``data`` a slice at a time, keeping what follows a pause for later."""
-        if len(data) <= PARSE_SLICE:
-            self._feed(data)
-            return
         view = memoryview(data)
         for start in range(0, len(data), PARSE_SLICE):
             if not self._reading:
                 return
             if self._read_paused:
-                self._unparsed = data[start:]
+                self._unparsed = bytes(data[start:])
                 return
-            self._feed(view[start:start + PARSE_SLICE])
+            self.data_received(view[start:start + PARSE_SLICE])
 
-    def _feed(self, data: bytes | memoryview) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Parse what arrived (over a slice: see ``_parse``); queue each request whose
+        head is complete."""
+        if not self._reading:
+            return
+        if len(data) > PARSE_SLICE:
+            self._parse(data)
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
