@@ -19,7 +19,9 @@ and are unchanged for clients but in these cases (the new server's answers are r
   ``Content-Encoding`` (``duplicate_auth``), a ``Transfer-Encoding`` other than
   ``chunked`` or on HTTP/1.0 (``te_unknown``'s message changed with it); trailer fields
   are never taken as headers (``trailer_not_a_header``) and are bounded as a head is
-  (``trailer_endless``).
+  (``trailer_endless``);
+- the answer to a request after which the server reads nothing more (``connect_method``,
+  ``upgrade_websocket``) says ``Connection: close``, as the connection closes after it.
 """
 
 from __future__ import annotations

@@ -777,7 +777,10 @@ class HttpConnection(asyncio.Protocol):
                     guard.touch(self)
                 if self.gone():
                     return
-                keep = request.keep_alive and not response.close and not self._closing
+                # (Abandoned: the input after this request is not read, the connection
+                # closes after it: say so.)
+                keep = (request.keep_alive and not response.close and not self._closing
+                        and not (self._abandoned and len(queue) == 1))
                 self._send(request, response, keep)
                 if self._write_paused and not await self._drained():
                     return
