@@ -93,3 +93,13 @@ async def redis_client(redis_url: str, namespace: str) -> AsyncIterator[aioredis
         async for key in client.scan_iter(match=f"*{namespace}*", count=1000):
             await client.delete(key)
         await client.aclose()
+
+
+@pytest.fixture
+async def redis(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """A client like the gateway's (text replies); the namespace is cleaned by redis_client."""
+    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()

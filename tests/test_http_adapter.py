@@ -96,16 +96,6 @@ def sink() -> RecordingSink:
     return RecordingSink()
 
 
-@pytest.fixture
-async def redis(redis_url: str, redis_client: Any) -> AsyncIterator[aioredis.Redis]:
-    """A client like the gateway's (text replies); the namespace is cleaned by redis_client."""
-    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 def make_transport(redis: aioredis.Redis, namespace: str, **options: Any) -> HttpAdapter:
     transport = create_adapter("http", "api", {**OPTIONS, **options})
     assert isinstance(transport, HttpAdapter)

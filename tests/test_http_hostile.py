@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import tracemalloc
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,16 +21,6 @@ pytestmark = pytest.mark.redis
 CHUNKED_POST = (f"POST {{target}} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n"
                 "Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n{extra}\r\n")
 CLOSE = "Connection: close\r\n"
-
-
-@pytest.fixture
-async def redis(redis_url: str, redis_client: Any) -> AsyncIterator[aioredis.Redis]:
-    """A client like the gateway's (the namespace is cleaned by redis_client)."""
-    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def _address(adapter: HttpAdapter) -> tuple[str, int]:
