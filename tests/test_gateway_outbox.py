@@ -4,6 +4,7 @@ letters kept and re-sendable, once-only delivery after a lost answer, shared ech
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ from adapters.base import (
     register_adapter,
 )
 from gateway.app import Gateway
-from gateway.outbox import Outbox, OutboxKeys, items_of, journal_entry
+from gateway.outbox import Item, Outbox, OutboxKeys, items_of, journal_entry
 from protocol import build_request, parse, render, reply_response
 from state.records import Origin, Outcome
 
@@ -416,3 +417,24 @@ def test_a_journal_entry_is_the_json_of_its_fields_whatever_the_text() -> None:
     [item, _] = items_of("1-1", entry, {})
     assert item.out.text == text and item.sender_at == Address("side", "room", None)
     assert json.loads(journal_entry("n", OutboundKind.NOTICE, []))["s"] is None
+
+
+def test_items_of_makes_what_the_constructors_make() -> None:
+    """items_of builds its Outbound and Item without their __init__: the same frozen
+    objects (equal, hashable, immutable, replaceable) as the constructors make."""
+    entry = journal_entry(
+        "hi", OutboundKind.PROTOCOL, [("side", "room", "t-1", "Mantis", "n-9")],
+        request_id="r-1", trace_id="t", sender_at=Address("chat", "main", None),
+    )
+    [item] = items_of("5-1", entry, {})
+    expected = Item(
+        "5-1", "side:room",
+        Outbound(Address("side", "room", "t-1"), "hi", OutboundKind.PROTOCOL, recipient="Mantis",
+                 reply_to="n-9", request_id="r-1", trace_id="t", id="5-1"),
+        Address("chat", "main", None),
+    )
+    assert item == expected and hash(item) == hash(expected) and repr(item) == repr(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        item.attempts = 3  # type: ignore[misc]
+    assert dataclasses.replace(item, attempts=2) == dataclasses.replace(expected, attempts=2)
+    assert Item.from_json(item.to_json()) == item
