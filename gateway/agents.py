@@ -327,6 +327,8 @@ class AgentDirectory:
         self._learned: _Cache[tuple[Address, str]] = _Cache()
         self._key_cache: _Cache[Ed25519PublicKey | None] = _Cache()
         self._nobody: _Cache[bool] = _Cache()  # RequestId cuts that name no bound agent
+        # What the config says of a RequestId's cuts, by (its longest cut, sender).
+        self._cuts: _Cache[tuple[str | None, tuple[str, ...]]] = _Cache(seconds=math.inf)
         # check_sender's verdicts that the config alone decides (reserved and declared
         # names, lookalikes of declared ones, undeclared ones under pin): they never
         # change while the process runs, and every message's sender is checked.
@@ -517,16 +519,43 @@ class AgentDirectory:
         agent (declared, credential-owned or bound, compared canonically, or the RequestId
         slug of a declared agent) or the sender itself.
         """
+        # Every cut ends at a "-" before the last one, so what the config says of them is
+        # remembered per (the RequestId up to its last "-", sender): every message's
+        # RequestId is asked about, and its last part is usually what makes it unique.
+        stem = (request_id.rpartition("-")[0], sender)
+        _, known = self._cuts.get(stem)
+        if known is None:
+            known = self._put_cuts(stem)
+        local, unknown = known
+        # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
+        # name bound on another replica owns its ids here within CACHE_SECONDS).
+        asked = [k for k in unknown if not self._nobody.get(k)[0]] if unknown else None
+        if asked:
+            bound = await self._redis.hmget(self._prefix + "identity", asked)
+            for key, who in zip(asked, bound, strict=True):
+                if who is not None:
+                    shown = await self._redis.hget(self._prefix + "name", key)
+                    return key if shown is None else _text(shown)
+                self._nobody.put(key, True)
+        return None if local is None or local == sender else local
+
+    def _put_cuts(self, stem: tuple[str, str]) -> tuple[str | None, tuple[str, ...]]:
+        """For a RequestId up to its last "-" and its sender: the agent the longest cut
+        the config knows names (the sender itself, a declared or credential-owned agent
+        by key or RequestId slug), or None, and the keys of the longer cuts (longest
+        first), which only Redis can tell about; remembered (it never changes)."""
+        head, sender = stem
+        text = head + "-"  # (the RequestId's cuts are those of its part up to its last "-")
         cuts: list[int] = []  # the first REQUEST_ID_PREFIXES "-" after the first character
-        cut = request_id.find("-", 1)
+        cut = text.find("-", 1)
         while cut > 0 and len(cuts) < REQUEST_ID_PREFIXES:
             cuts.append(cut)
-            cut = request_id.find("-", cut + 1)
+            cut = text.find("-", cut + 1)
         mine = {name_key(sender), slug(sender)}
-        unknown: list[str] = []  # longer than the first prefix known here: ask Redis
+        unknown: list[str] = []
         local: str | None = None
         for cut in reversed(cuts):
-            prefix = request_id[:cut]
+            prefix = text[:cut]
             key = name_key(prefix)
             if key in mine or prefix in mine:
                 local = sender
@@ -536,18 +565,9 @@ class AgentDirectory:
                 local = agent.name
                 break
             unknown.append(key)
-        # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
-        # name bound on another replica owns its ids here within CACHE_SECONDS).
-        if unknown:
-            unknown = [k for k in unknown if not self._nobody.get(k)[0]]
-        if unknown:
-            bound = await self._redis.hmget(self._prefix + "identity", unknown)
-            for key, who in zip(unknown, bound, strict=True):
-                if who is not None:
-                    shown = await self._redis.hget(self._prefix + "name", key)
-                    return key if shown is None else _text(shown)
-                self._nobody.put(key, True)
-        return None if local is None or local == sender else local
+        known = (local, tuple(unknown))
+        self._cuts.put(stem, known)
+        return known
 
     # -- signing keys ----------------------------------------------------------------
 
