@@ -15,15 +15,14 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass
-from dataclasses import fields as dataclass_fields
-from functools import lru_cache
+from dataclasses import dataclass
 from json.encoder import encode_basestring as _json_str
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from adapters.base import Adapter, Address, Outbound, OutboundKind
+from gateway.frozen import Maker, shared_address
 from state.keys import tagged_key
 
 log = logging.getLogger("bpgw.gateway.outbox")
@@ -230,41 +229,8 @@ class Item:
 # The kinds by value: a dict lookup instead of the enum's call per journal entry.
 _KINDS: dict[str, OutboundKind] = {kind.value: kind for kind in OutboundKind}
 
-_T = TypeVar("_T")
-_new_object = object.__new__
-_set_attribute = object.__setattr__
-
-
-class _Maker(Generic[_T]):
-    """Makes instances of a frozen dataclass (with a ``__dict__``) from keyword values:
-    the object ``cls(**values)`` makes, without the generated ``__init__``, which calls
-    ``object.__setattr__`` once per field (for every delivery read from the journal,
-    that cost more than decoding its JSON)."""
-
-    def __init__(self, cls: type[_T]) -> None:
-        self._cls = cls
-        self._defaults: dict[str, Any] = {}
-        for f in dataclass_fields(cls):  # type: ignore[arg-type]
-            if f.default_factory is not MISSING:
-                raise TypeError(f"{cls.__name__}.{f.name}: a default factory is not supported")
-            if f.default is not MISSING:
-                self._defaults[f.name] = f.default
-
-    def __call__(self, **values: Any) -> _T:
-        obj = _new_object(self._cls)
-        _set_attribute(obj, "__dict__", {**self._defaults, **values})
-        return obj
-
-
-_make_outbound = _Maker(Outbound)
-_make_item = _Maker(Item)
-
-
-@lru_cache(maxsize=4096)
-def _place(transport: str, channel: str, thread: str) -> Address:
-    """The Address of a journal entry's (transport, channel, thread or ""): one shared
-    immutable object per place (bounded: addresses come from outside)."""
-    return Address(transport, channel, thread or None)
+_make_outbound = Maker(Outbound)
+_make_item = Maker(Item)
 
 
 def items_of(entry_id: str, raw: str, adapters: Mapping[str, Adapter]) -> list[Item]:
@@ -272,11 +238,11 @@ def items_of(entry_id: str, raw: str, adapters: Mapping[str, Adapter]) -> list[I
     e = json.loads(raw)
     kind = _KINDS.get(e["k"]) or OutboundKind(e["k"])  # (an unknown kind raises as before)
     s = e.get("s")
-    sender_at = None if not s else _place(s[0], s[1], s[2])
+    sender_at = None if not s else shared_address(s[0], s[1], s[2])
     out: list[Item] = []
     for transport, channel, thread, recipient, reply_to in e["d"]:
         o: Outbound = _make_outbound(
-            address=_place(transport, channel, thread),
+            address=shared_address(transport, channel, thread),
             text=e["t"],
             kind=kind,
             recipient=recipient or None,

@@ -24,6 +24,7 @@ from gateway import notices
 from gateway.agents import AgentDirectory, IdentityVerdict, SenderCheck
 from gateway.commands import CancelNotice, Commands, parse_command
 from gateway.config import GatewayConfig, parse_address
+from gateway.frozen import Maker, shared_address
 from gateway.guards import PairBudget
 from gateway.logs import ids
 from gateway.metrics import Metrics
@@ -103,7 +104,8 @@ class Pipeline:
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
             )
-        origin = Origin(env.transport, env.channel, env.thread, env.native_id)
+        origin = _make_origin(transport=env.transport, channel=env.channel, thread=env.thread,
+                              native_id=env.native_id)
         problem = origin.problem()
         problem = problem or size_problem("author id", env.author.id, AUTHOR_ID_MAX_BYTES)
         if problem is not None:
@@ -160,7 +162,7 @@ class Pipeline:
                 )
             )
         cap = self._config.policy.max_blocks_per_message
-        address = env.address  # (a new Address on every access)
+        address = shared_address(env.transport, env.channel, env.thread)  # (env.address: a new one)
         for msg in parsed.messages[:cap]:
             results.append(await self._handle_message(env, msg, origin, address))
         if len(parsed.messages) > cap:
@@ -347,10 +349,10 @@ class Pipeline:
                 reply_to=env.native_id,
             )
         detail = "orphan RESPONSE kept" if applied.outcome is Outcome.ORPHAN else "applied"
-        return Disposition(
-            "accepted",
-            f"{detail}; queued for delivery to {len(targets)} address(es)",
-            (msg.request_id,),
+        return _make_disposition(
+            outcome="accepted",
+            detail=f"{detail}; queued for delivery to {len(targets)} address(es)",
+            request_ids=(msg.request_id,),
             warnings=tuple(warnings),
         )
 
@@ -643,6 +645,10 @@ class Pipeline:
         self._metrics.count(disposition.outcome)
         return disposition
 
+
+# Every message has an origin, and most an accepted disposition (gateway.frozen).
+_make_origin = Maker(Origin)
+_make_disposition = Maker(Disposition)
 
 # Messages that open a conversation under their RequestId.
 _OPENERS = frozenset({MessageType.REQUEST, MessageType.BROADCAST})

@@ -1,0 +1,45 @@
+"""gateway.frozen: objects made without their dataclass __init__ are the same objects."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from adapters.base import Address, Disposition, Envelope, Outbound
+from gateway.frozen import Maker, shared_address
+from state.records import Origin
+
+
+@pytest.mark.parametrize(
+    ("cls", "values"),
+    [
+        (Origin, {"transport": "http", "channel": "Lotbot", "thread": None, "native_id": "n1"}),
+        (Disposition, {"outcome": "accepted", "detail": "applied", "request_ids": ("r-1",),
+                       "warnings": ({"code": "no_address"},)}),
+        (Outbound, {"address": Address("side", "room", "t"), "text": "hi", "id": "1-2"}),
+    ],
+)
+def test_a_made_object_is_what_the_constructor_makes(cls: type, values: dict) -> None:
+    made = Maker(cls)(**values)
+    expected = cls(**values)
+    assert type(made) is cls and made == expected and repr(made) == repr(expected)
+    if cls is not Disposition:  # (its warnings are dicts: not hashable either way)
+        assert hash(made) == hash(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.detail = "changed"
+    field = dataclasses.fields(cls)[0].name
+    assert dataclasses.replace(made, **{field: "x"}) == dataclasses.replace(expected,
+                                                                           **{field: "x"})
+
+
+def test_a_class_the_maker_can_not_make_is_refused() -> None:
+    """A default factory (Envelope.at) would be skipped: refused when the Maker is made."""
+    with pytest.raises(TypeError, match="default factory"):
+        Maker(Envelope)
+
+
+def test_shared_address_is_one_object_per_place() -> None:
+    a = shared_address("side", "room", "")
+    assert a == Address("side", "room", None) and a is shared_address("side", "room", "")
+    assert shared_address("side", "room", "t") == Address("side", "room", "t")
