@@ -363,9 +363,14 @@ class AgentDirectory:
 
     # -- who may speak as whom -----------------------------------------------------------
 
+    def fixed_check(self, name: str, identity: str) -> SenderCheck | None:
+        """``check_sender``'s verdict when the config alone decided it before (no Redis,
+        no coroutine: asked for every message), else None."""
+        return self._fixed.get((name, identity))[1]
+
     async def check_sender(self, name: str, identity: str, seen_at: Address) -> SenderCheck:
         """May ``identity`` (``transport:author``) speak as agent ``name``?"""
-        _, fixed = self._fixed.get((name, identity))
+        fixed = self.fixed_check(name, identity)
         if fixed is not None:
             return fixed
         key = name_key(name)
@@ -440,13 +445,22 @@ class AgentDirectory:
 
     # -- where agents live -------------------------------------------------------------
 
+    def declared_addresses(self, name: str) -> list[tuple[Address, str]] | None:
+        """``addresses(name)`` when the config says where ``name`` lives (no Redis, no
+        coroutine), else None."""
+        agent = self._declared.get(name_key(name))
+        if agent is not None and agent.addresses:
+            return [(a, agent.name) for a in agent.addresses]
+        return None
+
     async def addresses(self, name: str) -> list[tuple[Address, str]]:
         """Where messages for ``name`` go, each with the name as its agent writes it:
         declared addresses, else where it was last seen."""
+        declared = self.declared_addresses(name)
+        if declared is not None:
+            return declared
         key = name_key(name)
         agent = self._declared.get(key)
-        if agent is not None and agent.addresses:
-            return [(a, agent.name) for a in agent.addresses]
         hit, learned = self._learned.get(key)
         if not hit or learned is None:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -519,25 +533,39 @@ class AgentDirectory:
         agent (declared, credential-owned or bound, compared canonically, or the RequestId
         slug of a declared agent) or the sender itself.
         """
-        # Every cut ends at a "-" before the last one, so what the config says of them is
-        # remembered per (the RequestId up to its last "-", sender): every message's
-        # RequestId is asked about, and its last part is usually what makes it unique.
-        stem = (request_id.rpartition("-")[0], sender)
-        _, known = self._cuts.get(stem)
-        if known is None:
-            known = self._put_cuts(stem)
-        local, unknown = known
+        known, owner = self.known_request_id_owner(request_id, sender)
+        if known:
+            return owner
+        local, unknown = self._cuts_of(request_id, sender)
+        asked = [k for k in unknown if not self._nobody.get(k)[0]]
+        bound = await self._redis.hmget(self._prefix + "identity", asked)
+        for key, who in zip(asked, bound, strict=True):
+            if who is not None:
+                shown = await self._redis.hget(self._prefix + "name", key)
+                return key if shown is None else _text(shown)
+            self._nobody.put(key, True)
+        return None if local is None or local == sender else local
+
+    def known_request_id_owner(self, request_id: str, sender: str) -> tuple[bool, str | None]:
+        """(True, ``request_id_owner(request_id, sender)``) when known without Redis (the
+        config decides, or every cut it does not know was seen lately to name nobody),
+        else (False, None)."""
+        local, unknown = self._cuts_of(request_id, sender)
         # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
         # name bound on another replica owns its ids here within CACHE_SECONDS).
-        asked = [k for k in unknown if not self._nobody.get(k)[0]] if unknown else None
-        if asked:
-            bound = await self._redis.hmget(self._prefix + "identity", asked)
-            for key, who in zip(asked, bound, strict=True):
-                if who is not None:
-                    shown = await self._redis.hget(self._prefix + "name", key)
-                    return key if shown is None else _text(shown)
-                self._nobody.put(key, True)
-        return None if local is None or local == sender else local
+        for key in unknown:
+            if not self._nobody.get(key)[0]:
+                return False, None
+        return True, None if local is None or local == sender else local
+
+    def _cuts_of(self, request_id: str, sender: str) -> tuple[str | None, tuple[str, ...]]:
+        """What the config says of the cuts of ``request_id`` (``_put_cuts``)."""
+        # Every cut ends at a "-" before the last one, so it is remembered per (the
+        # RequestId up to its last "-", sender): every message's RequestId is asked
+        # about, and its last part is usually what makes it unique.
+        stem = (request_id.rpartition("-")[0], sender)
+        _, known = self._cuts.get(stem)
+        return self._put_cuts(stem) if known is None else known
 
     def _put_cuts(self, stem: tuple[str, str]) -> tuple[str | None, tuple[str, ...]]:
         """For a RequestId up to its last "-" and its sender: the agent the longest cut
@@ -571,15 +599,21 @@ class AgentDirectory:
 
     # -- signing keys ----------------------------------------------------------------
 
-    async def public_key(self, name: str) -> Ed25519PublicKey | None:
-        """The Ed25519 key an agent must sign with: from config, else registered, else None."""
+    def known_public_key(self, name: str) -> tuple[bool, Ed25519PublicKey | None]:
+        """(True, ``public_key(name)``) when known without Redis (from config or cached),
+        else (False, None)."""
         key = name_key(name)
         agent = self._declared.get(key)
         if agent is not None and agent.public_key is not None:
-            return agent.public_key
-        hit, cached = self._key_cache.get(key)
-        if hit:
-            return cached
+            return True, agent.public_key
+        return self._key_cache.get(key)
+
+    async def public_key(self, name: str) -> Ed25519PublicKey | None:
+        """The Ed25519 key an agent must sign with: from config, else registered, else None."""
+        known, public = self.known_public_key(name)
+        if known:
+            return public
+        key = name_key(name)
         raw = await self._redis.hget(self._keys_key, key)
         public = None
         if raw is not None:

@@ -420,13 +420,19 @@ class Outbox:
         Shared by every replica (markers in Redis with a TTL); transports that never see
         the gateway's posts skip the round trip.
         """
+        if native_id is None or not self.echo_possible(transport, native_id):
+            return False
+        return bool(await self.redis.exists(self.keys.echo(transport, native_id)))
+
+    def echo_possible(self, transport: str, native_id: str | None) -> bool:
+        """False when ``native_id`` on ``transport`` can not be a message the gateway sent,
+        so ``is_echo`` has nothing to look up (no id, fresh ids, a transport that never
+        shows the gateway its own posts)."""
         if native_id is None:
             return False
         adapter = self._adapters.get(transport)
-        if adapter is not None and (adapter.capabilities.fresh_native_ids
-                                    or not adapter.capabilities.echoes_own_posts):
-            return False
-        return bool(await self.redis.exists(self.keys.echo(transport, native_id)))
+        return adapter is None or (not adapter.capabilities.fresh_native_ids
+                                   and adapter.capabilities.echoes_own_posts)
 
     # -- stats and dead letters ----------------------------------------------------------
 

@@ -84,7 +84,10 @@ class Pipeline:
         self._commands = commands
         self._name = config.gateway.name
         self._budget = PairBudget(config.policy)
-        self._mirrors = [parse_address(m) for m in config.mirrors]
+        # Every message goes to the mirrors too, with no agent (made once).
+        self._mirrors: list[tuple[Address, str | None]] = [
+            (parse_address(m), None) for m in config.mirrors
+        ]
 
     # -- entry points -------------------------------------------------------------
 
@@ -99,7 +102,11 @@ class Pipeline:
     async def handle(self, env: Envelope) -> Disposition:
         """Run one inbound envelope through the pipeline."""
         metrics = self._metrics
-        if await self.is_own(env):
+        # (is_own without its coroutine when there is no echo marker to look up: the HTTP
+        # API's fresh native ids)
+        maybe_own = (env.author.is_self or env.relayed
+                     or self._outbox.echo_possible(env.transport, env.native_id))
+        if maybe_own and await self.is_own(env):
             metrics.received(env.transport, "echo")
             return self._count(
                 Disposition("dropped", "the gateway's own message or a relayed copy")
@@ -406,7 +413,12 @@ class Pipeline:
                             ) -> _Rejection | None:
         # The identity check comes last: under tofu it binds the name, and a message
         # that fails its Signature or squats a RequestId must not bind anything.
-        key = await self._directory.public_key(msg.sender)
+        # (Each look-up is awaited only when the directory's memory can not answer it:
+        # a coroutine made and run per message for nothing costs more than the check.)
+        directory = self._directory
+        known, key = directory.known_public_key(msg.sender)
+        if not known:
+            key = await directory.public_key(msg.sender)
         if key is not None:
             if msg.signature is None:
                 return _Rejection(
@@ -418,7 +430,9 @@ class Pipeline:
                     "signature", f"the Signature does not verify for @{msg.sender}: {problem}"
                 )
         if msg.type in _OPENERS:
-            owner = await self._directory.request_id_owner(msg.request_id, msg.sender)
+            known, owner = directory.known_request_id_owner(msg.request_id, msg.sender)
+            if not known:
+                owner = await directory.request_id_owner(msg.request_id, msg.sender)
             if owner is not None:
                 return _Rejection(
                     "request_id",
@@ -426,7 +440,9 @@ class Pipeline:
                     f"only @{owner} may open it. Use a RequestId of your own, like "
                     f"{new_request_id(msg.sender)}",
                 )
-        check = await self._directory.check_sender(msg.sender, identity, address)
+        check = directory.fixed_check(msg.sender, identity) or await directory.check_sender(
+            msg.sender, identity, address
+        )
         if not check.ok:
             return _identity_rejection(check, msg, identity)
         return None
@@ -509,8 +525,10 @@ class Pipeline:
                     wanted.append((address, name))
         else:
             # Delivered under the name as its agent writes it (@mantis reaches Mantis).
-            wanted.extend(await self._directory.addresses(msg.to))
-        wanted.extend((m, None) for m in self._mirrors)
+            declared = self._directory.declared_addresses(msg.to)
+            wanted.extend(declared if declared is not None
+                          else await self._directory.addresses(msg.to))
+        wanted.extend(self._mirrors)
         out: list[tuple[Address, str | None]] = []
         seen: set[tuple[str, str]] = set()
         if seen_at is not None:
