@@ -131,10 +131,8 @@ async def test_stop_closes_idle_and_half_sent_connections(
     redis: aioredis.Redis, namespace: str
 ) -> None:
     """At stop, an idle keep-alive connection and one with half a head are closed at
-    once (not after ``header_timeout_seconds``, 60 s here), and stop returns.
-
-    (A waiting long-poll is answered empty at stop too, but not always: see the report
-    of 2026-12-03 on ``Inboxes.wake_all``; so it is not tested here.)"""
+    once (not after ``header_timeout_seconds``, 60 s here), and stop returns. (Waiting
+    long-polls answered at stop: test_http_adapter.)"""
     async with serving(redis, namespace, header_timeout_seconds=60) as adapter:
         assert adapter._server is not None
         address = _address(adapter)

@@ -26,6 +26,7 @@ step is one Lua script on the inbox's own hash-tagged slot. Long-polls block in 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -241,7 +242,10 @@ class Inboxes:
         # by its command timeout; at most ``max_waiters`` wait at once.
         self._max_wait = max_wait_seconds
         self._blocking = blocking_client(redis, max_wait_seconds, max_waiters)
-        self._waiting: set[asyncio.Task[Any]] = set()
+        # Each blocking read, and the future its long-poll waits on: set when the read
+        # ends, or by ``wake_all`` (a cancelled read may not end at once, see there).
+        self._waiting: dict[asyncio.Task[Any], asyncio.Future[None]] = {}
+        self._woken = False  # wake_all was called: no long-poll waits any more
 
     def _keys(self, owner: str) -> list[str]:
         # A hash tag per inbox (hashed: a name may hold "{"), so a cluster spreads them;
@@ -314,31 +318,46 @@ class Inboxes:
             if float(invisible) > 0:
                 remaining = min(remaining, float(invisible) + 0.01)
             woke = await self._wait(keys[0], _text(after), remaining)
-            if give_up() or (not woke and deadline - loop.time() <= 0):
+            if give_up() or self._woken or (not woke and deadline - loop.time() <= 0):
                 return []
 
     async def _wait(self, stream: str, after: str, seconds: float) -> bool:
-        """Block in Redis until ``stream`` has an entry after ``after``; False on timeout."""
+        """Block in Redis until ``stream`` has an entry after ``after``; False on timeout
+        or once ``wake_all`` was called."""
+        if self._woken:
+            return False
         seconds = min(seconds, self._max_wait)  # the blocking connections' read bound
         task = asyncio.ensure_future(
             self._blocking.xread({stream: after}, count=1, block=max(1, int(seconds * 1000)))
         )
-        self._waiting.add(task)
+        woken = asyncio.get_running_loop().create_future()
+        task.add_done_callback(functools.partial(_read_ended, woken))
+        self._waiting[task] = woken
         try:
-            return bool(await task)
-        except asyncio.CancelledError:
-            if task.cancelled() and not _current_cancelled():
-                return False  # stop() woke it: the poll ends empty
-            raise
-        except RedisError:
-            return False
+            await woken
         finally:
-            self._waiting.discard(task)
+            del self._waiting[task]
+            if not task.done():
+                task.cancel()  # woken, or this poll was cancelled: the read is not needed
+        if task.cancelled():
+            return False
+        if isinstance(task.exception(), RedisError):
+            return False
+        return bool(task.result())
 
     def wake_all(self) -> None:
-        """End every waiting long-poll now (used when stopping)."""
-        for task in list(self._waiting):
+        """End every waiting long-poll now, and let none wait from now on (stopping).
+
+        The polls' futures are set here, not left to their reads' cancellation: a read
+        cancelled while redis-py opens its connection can swallow the cancellation and
+        go on blocking (seen about once in a hundred stops), and its poll would then
+        wait for the read's block to end. Such a read ends when ``close`` closes the
+        connections."""
+        self._woken = True
+        for task, woken in list(self._waiting.items()):
             task.cancel()
+            if not woken.done():
+                woken.set_result(None)
 
     async def close(self) -> None:
         """Close the long-poll connections."""
@@ -346,9 +365,13 @@ class Inboxes:
         await self._blocking.aclose()
 
 
-def _current_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def _read_ended(woken: asyncio.Future[None], task: asyncio.Task[Any]) -> None:
+    """Wake the read's long-poll, if still waiting; retrieve an error of a read whose
+    poll is gone, so none is logged as never retrieved (its poll ended empty)."""
+    if not task.cancelled():
+        task.exception()
+    if not woken.done():
+        woken.set_result(None)
 
 
 def _body(fields: Any) -> str:
