@@ -339,11 +339,12 @@ class Inboxes:
             del self._waiting[task]
             if not task.done():
                 task.cancel()  # woken, or this poll was cancelled: the read is not needed
-        if task.cancelled():
+        if not task.done() or task.cancelled():
+            return False  # woken by a stop (the read's cancellation may still be on its way)
+        try:
+            return bool(task.result())
+        except RedisError:
             return False
-        if isinstance(task.exception(), RedisError):
-            return False
-        return bool(task.result())
 
     def wake_all(self) -> None:
         """End every waiting long-poll now, and let none wait from now on (stopping).
