@@ -327,9 +327,7 @@ class Inboxes:
         if self._woken:
             return False
         seconds = min(seconds, self._max_wait)  # the blocking connections' read bound
-        task = asyncio.ensure_future(
-            self._blocking.xread({stream: after}, count=1, block=max(1, int(seconds * 1000)))
-        )
+        task = asyncio.ensure_future(self._read(stream, after, max(1, int(seconds * 1000))))
         woken = asyncio.get_running_loop().create_future()
         task.add_done_callback(functools.partial(_read_ended, woken))
         self._waiting[task] = woken
@@ -345,6 +343,12 @@ class Inboxes:
             return bool(task.result())
         except RedisError:
             return False
+
+    async def _read(self, stream: str, after: str, block_ms: int) -> Any:
+        # A coroutine of its own: redis-py's xread makes its command's coroutine when
+        # called, which a task cancelled before it starts (a stop) would leave never
+        # awaited, with a RuntimeWarning.
+        return await self._blocking.xread({stream: after}, count=1, block=block_ms)
 
     def wake_all(self) -> None:
         """End every waiting long-poll now, and let none wait from now on (stopping).
