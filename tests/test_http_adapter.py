@@ -987,6 +987,16 @@ async def test_healthz_is_503_while_the_gateway_is_degraded(
 # -- lifecycle -----------------------------------------------------------------------
 
 
+async def _waiting_poll(transport: HttpAdapter, api: Api) -> asyncio.Task[Any]:
+    """alice's long-poll of 30 s, once it waits on the server."""
+    poll = asyncio.create_task(api.get("/v1/agents/alice/inbox?wait=30", ALICE))
+    deadline = time.monotonic() + 20
+    while not transport._inboxes._waiting:
+        assert time.monotonic() < deadline, "the long poll never started waiting"
+        await asyncio.sleep(0.001)
+    return poll
+
+
 async def test_stop_twice_and_pollers_return(
     sink: RecordingSink, redis: aioredis.Redis, namespace: str
 ) -> None:
@@ -994,11 +1004,7 @@ async def test_stop_twice_and_pollers_return(
     await transport.start(sink)
     async with aiohttp.ClientSession() as client:
         api = Api(client, transport.url)
-        poll = asyncio.create_task(api.get("/v1/agents/alice/inbox?wait=30", ALICE))
-        deadline = time.monotonic() + 20
-        while not transport._inboxes._waiting:  # the poll is waiting on the server
-            assert time.monotonic() < deadline, "the long poll never started waiting"
-            await asyncio.sleep(0.01)
+        poll = await _waiting_poll(transport, api)
         started = time.monotonic()
         await transport.stop()
         await transport.stop()
@@ -1035,11 +1041,7 @@ async def test_stop_answers_waiting_polls_at_once_every_time(
             transport = make_transport(redis, namespace)
             await transport.start(sink)
             api = Api(client, transport.url)
-            poll = asyncio.create_task(api.get("/v1/agents/alice/inbox?wait=30", ALICE))
-            deadline = time.monotonic() + 20
-            while not transport._inboxes._waiting:  # the poll is waiting on the server
-                assert time.monotonic() < deadline, "the long poll never started waiting"
-                await asyncio.sleep(0.001)
+            poll = await _waiting_poll(transport, api)
             started = time.monotonic()
             await transport.stop()
             assert await asyncio.wait_for(poll, 10) == (200, {"messages": []})
