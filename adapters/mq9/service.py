@@ -113,6 +113,9 @@ class Mq9Service:
         await self.storage.setup()
         self._sub = await self.nc.subscribe(API_PREFIX + ">", queue=self.settings.queue_group,
                                             cb=self._on_request)
+        # The SUB sits in the client's write buffer until flushed: without the round trip a
+        # request sent right after start() (from another connection) finds no responder.
+        await self.nc.flush()
         self._stopping = False
         self._loops = [asyncio.create_task(self._delayer()),
                        asyncio.create_task(self._sweeper())]
