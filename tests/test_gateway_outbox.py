@@ -32,8 +32,6 @@ from state.records import Origin, Outcome
 
 from gwkit import make_config, memory, running, sent_to
 
-pytestmark = pytest.mark.asyncio
-
 
 @register_adapter("flaky")
 class FlakyAdapter(Adapter):
