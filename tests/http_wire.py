@@ -317,6 +317,32 @@ CASES: dict[str, list[bytes]] = {
     "webhook_head_405": [_get("/hook", method="HEAD")],
     "expect_continue_413": [_post("/v1/messages", b"x" * 2000, ctype="text/plain",
                                   extra="Expect: 100-continue\r\n")[:-2000]],
+    # (Refused before the body is read: the final answer, no 100 Continue; and the
+    # connection closes, as the client may send its body or not.)
+    "expect_continue_401": [_post("/v1/messages", MSG, token=None, close=False,
+                                  extra="Expect: 100-continue\r\n")[:-len(MSG)]],
+    "expect_continue_403": [_post("/v1/messages", MSG, token=OPS, close=False,
+                                  extra="Expect: 100-continue\r\n")[:-len(MSG)]],
+    "expect_continue_404": [_post("/nothing", MSG, close=False,
+                                  extra="Expect: 100-continue\r\n")[:-len(MSG)]],
+    "expect_continue_405": [_post("/healthz", MSG, close=False,
+                                  extra="Expect: 100-continue\r\n")[:-len(MSG)]],
+    "expect_continue_415": [_post("/v1/messages", MSG, ctype="image/png", close=False,
+                                  extra="Expect: 100-continue\r\n")[:-len(MSG)]],
+    "expect_continue_413_keepalive": [
+        _post("/v1/messages", b"x" * 2000, ctype="text/plain", close=False,
+              extra="Expect: 100-continue\r\n")[:-2000]],
+    # The refused request's body, sent anyway, is a request: not answered.
+    "expect_continue_401_body_follows": [
+        _post("/v1/messages", _get("/healthz", token=None), token=None, close=False,
+              extra="Expect: 100-continue\r\n")[:-len(_get("/healthz", token=None))],
+        PAUSE, _get("/healthz", token=None)],
+    # Sent without waiting for 100 Continue: read whole, the connection goes on.
+    "expect_continue_401_body_sent": [
+        _post("/v1/messages", MSG, token=None, close=False, extra="Expect: 100-continue\r\n")
+        + _get("/healthz", token=None)],
+    "expect_continue_chunked": [b"".join(_chunked("/v1/messages", [b"ab"])).replace(
+        b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n", 1)],
     # -- connections
     "pipelined": [
         _get("/healthz", token=None, close=False) + _post("/v1/messages", MSG, close=False)

@@ -21,7 +21,9 @@ and are unchanged for clients but in these cases (the new server's answers are r
   are never taken as headers (``trailer_not_a_header``) and are bounded as a head is
   (``trailer_endless``);
 - the answer to a request after which the server reads nothing more (``connect_method``,
-  ``upgrade_websocket``) says ``Connection: close``, as the connection closes after it.
+  ``upgrade_websocket``) says ``Connection: close``, as the connection closes after it;
+- ``Expect: 100-continue``: a request refused before its body is read (``expect_continue_*``
+  with a 4xx) gets no ``100 Continue`` first, and its answer says ``Connection: close``.
 """
 
 from __future__ import annotations

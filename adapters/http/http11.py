@@ -25,6 +25,9 @@ busy connection, which calls the transport's handler with a ``Request`` and writ
   high-water mark (``pause_writing``); a connection whose buffer does not drain for
   ``header_timeout`` seconds (a client that reads no answers) is aborted, also when
   closing after its last answer.
+- ``Expect: 100-continue`` is answered when the handler first reads the body
+  (``Request.body``); a request answered without reading it ends the reading of the
+  connection, which closes after the answer (the client may send the body or not).
 
 The ``ConnectionGuard`` (adapters/http/connections.py) caps the connections held.
 """
@@ -232,8 +235,8 @@ class Request:
 
     __slots__ = (
         "_conn", "_data", "_error", "_inflater", "_limit", "_query", "_query_string",
-        "_size", "_waiter", "complete", "content_length", "discarding", "headers",
-        "keep_alive", "method", "path", "version",
+        "_size", "_waiter", "complete", "content_length", "discarding", "expecting",
+        "headers", "keep_alive", "method", "path", "version",
     )
 
     def __init__(
@@ -269,6 +272,14 @@ class Request:
         self._waiter: asyncio.Future[None] | None = None
         self.complete = False
         self.discarding = False
+        # The client waits for "100 Continue" before it sends the body (RFC 9110, 10.1.1):
+        # sent when the body is first read, so a request refused before (by its route,
+        # token or Content-Length) is answered without the client sending the body.
+        expect = headers.get("expect")
+        self.expecting = (
+            expect is not None and version == "1.1" and expect.lower() == "100-continue"
+            and (bool(self.content_length) or "transfer-encoding" in headers)
+        )
 
     @property
     def query(self) -> Mapping[str, str]:
@@ -288,10 +299,6 @@ class Request:
     def client_gone(self) -> bool:
         """Whether the client closed the connection (or it was closed)."""
         return self._conn.gone()
-
-    def send_continue(self) -> None:
-        """Tell the client to send its body (the answer to ``Expect: 100-continue``)."""
-        self._conn.write(CONTINUE)
 
     def _feed(self, chunk: bytes) -> None:
         if self.discarding or self._error is not None:
@@ -349,7 +356,11 @@ class Request:
 
     async def body(self, within: float) -> bytes:
         """The whole body, once arrived; raises ``BodyError`` (408 after ``within``
-        seconds, 413 over the limit, 400 undecodable) or ``ConnectionResetError``."""
+        seconds, 413 over the limit, 400 undecodable) or ``ConnectionResetError``. Sends
+        ``100 Continue`` first to a client that waits for it."""
+        if self.expecting and self._error is None and self._size <= self._limit:
+            self.expecting = False
+            self._conn.write(CONTINUE)
         if not self.complete and self._error is None and self._size <= self._limit:
             try:
                 async with asyncio.timeout(within):
@@ -471,7 +482,7 @@ class HttpConnection(asyncio.Protocol):
         self._head_error = ""
         self._unparsed = b""  # what a read brought past a pause, parsed when it ends
         self._reading = True  # input still parsed (not after an error or an upgrade)
-        self._abandoned = False  # input left unparsed (an error, an upgrade): linger
+        self._abandoned = False  # input left unparsed (an error, an upgrade...): linger
         self._read_paused = False
         self._write_paused = False
         self._writable: asyncio.Future[None] | None = None
@@ -558,8 +569,7 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # llhttp completed the request before stopping; what follows it is not HTTP
             # (this server upgrades to nothing): it is answered, then the connection closes.
-            self._reading = False
-            self._abandoned = True
+            self._abandon()
         except httptools.HttpParserCallbackError:
             self._refuse(self._head_error)
         except httptools.HttpParserError as exc:
@@ -707,8 +717,7 @@ class HttpConnection(asyncio.Protocol):
         """Answer the malformed input with 400 after what came before it, then close."""
         log.log(logging.DEBUG if noise else logging.WARNING,
                 "http: malformed request from %s: %s", self.remote, message)
-        self._reading = False
-        self._abandoned = True
+        self._abandon()
         request, self._parsing = self._parsing, None
         if request is None:
             self._enqueue(_BadRequest(self, message))
@@ -718,6 +727,12 @@ class HttpConnection(asyncio.Protocol):
             request._fail(BodyError(400, f"malformed request body: {message}", close=True))
         else:  # (the last queued) not answered yet: it is the malformed request
             self._queue[-1] = _BadRequest(self, message)
+
+    def _abandon(self) -> None:
+        """Read no more input: the requests queued are answered, then the connection
+        closes (``_linger_close``)."""
+        self._reading = False
+        self._abandoned = True
 
     def _enqueue(self, request: Request) -> None:
         self._queue.append(request)
@@ -777,6 +792,11 @@ class HttpConnection(asyncio.Protocol):
                     guard.touch(self)
                 if self.gone():
                     return
+                if request.expecting and not request.complete:
+                    # Refused before its body was asked for (no 100 Continue sent): the
+                    # client may send the body or not, so what comes next could not be
+                    # told from a next request. Nothing more is read.
+                    self._abandon()
                 # (Abandoned: the input after this request is not read, the connection
                 # closes after it: say so.)
                 keep = (request.keep_alive and not response.close and not self._closing

@@ -173,13 +173,10 @@ def _path_value(raw: str) -> str:
 
 
 def _expect(request: Request, expect: str) -> None:
-    """Answer an ``Expect`` header before the body is read, for every target: ``100
-    Continue`` on HTTP/1.1; an unknown expectation is a 417."""
-    if request.version != "1.1":
-        return
-    if expect.lower() != "100-continue":
+    """Refuse an unknown expectation on HTTP/1.1 (417), for every target. (``100
+    Continue`` is sent by the server when a handler reads the body: ``Request.body``.)"""
+    if request.version == "1.1" and expect.lower() != "100-continue":
         raise ApiError(417, f"Unknown Expect: {expect}")
-    request.send_continue()
 
 
 def _ids(message: Outbound) -> dict[str, str | None]:
