@@ -52,6 +52,9 @@ OPTIONS: dict[str, Any] = {
 }
 PAUSE = b"<pause>"
 """A write of its own in a case: wait a little before the next write."""
+EOF = b"<eof>"
+"""A write of its own in a case: half-close the connection (the client sends no more,
+and reads on)."""
 
 
 class WireSink:
@@ -365,6 +368,25 @@ CASES: dict[str, list[bytes]] = {
     "http10_get": [_get("/healthz", token=None, close=False, version="1.0")],
     "http10_keepalive": [_get("/healthz", token=None, close=False, version="1.0",
                               extra="Connection: keep-alive\r\n")],
+    # -- half-closed (the client sends no more after EOF, and reads the answers)
+    # (An inbox read waits on Redis: the EOF arrives before its answer is ready.)
+    "eof_after_request": [_get("/v1/agents/alice/inbox", close=False), EOF],
+    "eof_after_post": [_post("/v1/messages", MSG, close=False), EOF],
+    "eof_after_pipelined": [
+        _get("/healthz", token=None, close=False) + _get("/v1/agents/alice/inbox", close=False)
+        + _post("/v1/messages", MSG, close=False) + _get("/nothing", close=False), EOF],
+    "eof_after_http10": [_get("/healthz", token=None, close=False, version="1.0"), EOF],
+    "eof_after_pause": [_get("/healthz", token=None, close=False), PAUSE, EOF],
+    "eof_in_head": [_get("/healthz", token=None, close=False)
+                    + b"GET /healthz HTTP/1.1\r\nHo", EOF],
+    "eof_in_body": [_post("/v1/messages", MSG, close=False)[:-5], EOF],
+    "eof_in_chunked_body": [b"".join(_chunked("/v1/messages", [b"ab"]))[:-5], EOF],
+    "eof_in_unread_body": [_post("/v1/messages", MSG, token=None, close=False)[:-5], EOF],
+    "eof_in_expect_body": [_post("/v1/messages", MSG, close=False,
+                                 extra="Expect: 100-continue\r\n")[:-5], EOF],
+    "eof_after_malformed": [_get("/healthz", token=None, close=False) + b"GARBAGE\r\n\r\n",
+                            EOF],
+    "eof_only": [EOF],
     "silent": [],
     "partial_head": [b"GET /healthz HTTP/1.1\r\nHost: x\r\n"],
     # -- malformed
@@ -454,6 +476,8 @@ async def exchange(host: str, port: int, writes: Sequence[bytes]) -> tuple[bytes
         for data in writes:
             if data == PAUSE:
                 await asyncio.sleep(0.2)
+            elif data == EOF:
+                writer.write_eof()
             elif not writer.is_closing():
                 writer.write(data)
             sent = loop.time()

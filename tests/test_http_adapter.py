@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -687,6 +688,69 @@ async def test_a_large_answer_reaches_a_slow_reader_whole(
     assert rest[:len(expected)] == expected
     second, _, rest = rest[len(expected):].partition(b"\r\n\r\n")
     assert second.startswith(b"HTTP/1.1 200 OK") and rest == expected
+
+
+async def test_a_half_closed_long_poll_is_answered_and_takes_nothing(
+    adapter: HttpAdapter, api: Api
+) -> None:
+    """A long-poll whose client half-closes after sending it is answered, then the
+    connection closes; empty, as a full close looks the same to the server: a message
+    arriving meanwhile is left for the next poll."""
+    host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET /v1/agents/alice/inbox?wait=30 HTTP/1.1\r\nHost: x\r\n"
+                 f"Authorization: Bearer {ALICE}\r\n\r\n".encode())
+    writer.write_eof()
+    await asyncio.sleep(0.2)
+    await adapter.send(notice("alice", "kept"))
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"\r\nConnection: close\r\n" in answer
+    assert answer.endswith(b'\r\n\r\n{"messages":[]}')
+    _, body = await api.get("/v1/agents/alice/inbox", ALICE)
+    assert [m["text"] for m in body["messages"]] == ["kept"]
+
+
+async def test_a_half_closed_client_that_reads_no_answer_is_disconnected(
+    sink: RecordingSink, redis: aioredis.Redis, namespace: str
+) -> None:
+    """Requests whose answers outgrow the socket buffers, then a half-close, and no
+    answer read: the server answers on after the EOF, but aborts the connection
+    ``header_timeout_seconds`` (1 s) after its answers stop draining."""
+    page = [{"request_id": f"req-{i}", "task": "x" * 1000} for i in range(3000)]
+
+    async def conversations(**kw: Any) -> list[dict[str, Any]]:
+        return page
+
+    sink.conversations = conversations  # type: ignore[method-assign]
+    async with started(sink, redis, namespace, header_timeout_seconds=1) as adapter:
+        assert adapter._server is not None
+        host, port = adapter.url.removeprefix("http://").rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        _, writer = await asyncio.open_connection(sock=sock)
+        request = f"GET /v1/conversations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}"
+        writer.write(f"{request}\r\n\r\n".encode() * 3)
+        writer.write_eof()
+        for _ in range(1000):  # until the server holds it
+            if adapter._server.connections:
+                break
+            await asyncio.sleep(0.01)
+        [conn] = adapter._server.connections
+        started_at = time.monotonic()
+        for _ in range(1000):
+            if not adapter._server.connections:
+                break
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - started_at
+        held = len(adapter._server.connections)
+        writer.transport.abort()
+    assert conn.ended  # (the EOF was seen: the half-close is what is tested)
+    assert held == 0
+    assert took < 5
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,9 @@ and are unchanged for clients but in these cases (the new server's answers are r
   ``upgrade_websocket``) says ``Connection: close``, as the connection closes after it;
 - ``Expect: 100-continue``: a request refused before its body is read (``expect_continue_*``
   with a 4xx) gets no ``100 Continue`` first, and its answer says ``Connection: close``.
+
+The ``eof_*`` cases (a half-close after or inside requests) were recorded from this
+server only.
 """
 
 from __future__ import annotations

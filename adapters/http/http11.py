@@ -27,7 +27,9 @@ busy connection, which calls the transport's handler with a ``Request`` and writ
   closing after its last answer.
 - ``Expect: 100-continue`` is answered when the handler first reads the body
   (``Request.body``); a request answered without reading it ends the reading of the
-  connection, which closes after the answer (the client may send the body or not).
+  connection, which closes after the answer (the client may send the body or not);
+- after the client's EOF (a half-close) the requests that arrived whole are answered,
+  one cut short is a 400, then the connection closes.
 
 The ``ConnectionGuard`` (adapters/http/connections.py) caps the connections held.
 """
@@ -297,8 +299,11 @@ class Request:
         return self._conn.remote
 
     def client_gone(self) -> bool:
-        """Whether the client closed the connection (or it was closed)."""
-        return self._conn.gone()
+        """Whether the client closed the connection (or it was closed), or its sending
+        side: it may read on, but a full close looks the same (a long-poll takes no
+        messages for a reader that may be gone)."""
+        conn = self._conn
+        return conn.ended or conn.gone()
 
     def _feed(self, chunk: bytes) -> None:
         if self.discarding or self._error is not None:
@@ -481,8 +486,9 @@ class HttpConnection(asyncio.Protocol):
         self._began = False  # a head began in the chunk being parsed
         self._head_error = ""
         self._unparsed = b""  # what a read brought past a pause, parsed when it ends
-        self._reading = True  # input still parsed (not after an error or an upgrade)
+        self._reading = True  # input still parsed (not after an error, an upgrade, EOF)
         self._abandoned = False  # input left unparsed (an error, an upgrade...): linger
+        self.ended = False  # the client closed its side (EOF): no more input comes
         self._read_paused = False
         self._write_paused = False
         self._writable: asyncio.Future[None] | None = None
@@ -592,11 +598,20 @@ class HttpConnection(asyncio.Protocol):
         self._began = False
 
     def eof_received(self) -> bool | None:
-        """The client closed its side: the connection closes (a long-poll in progress
-        finds its reader gone and leaves the messages for the next one)."""
+        """The client closed its side (a half-close: it may still read). The requests
+        that arrived whole are answered in order, one cut short by the EOF (its head or
+        body incomplete) is answered 400, then the connection closes; at once when there
+        is nothing to answer. (A long-poll takes no messages: ``Request.client_gone``.)"""
+        self.ended = True
+        # (Nothing waits in _unparsed: reading resumes, and EOF is seen, only once it is
+        # parsed.)
+        if self._reading and (self._in_head or self._parsing is not None):
+            self._refuse("the client ended its side of the connection inside a request "
+                         "(its head or body is incomplete)", noise=True)
         self._reading = False
-        self._unparsed = b""
-        return None
+        if self._task is None:
+            return None  # the transport closes
+        return True  # _serve closes it after the last answer
 
     # -- parser callbacks (httptools) ----------------------------------------------
 
@@ -797,10 +812,10 @@ class HttpConnection(asyncio.Protocol):
                     # client may send the body or not, so what comes next could not be
                     # told from a next request. Nothing more is read.
                     self._abandon()
-                # (Abandoned: the input after this request is not read, the connection
-                # closes after it: say so.)
+                # (No more input read: the connection closes after the last queued
+                # answer: say so.)
                 keep = (request.keep_alive and not response.close and not self._closing
-                        and not (self._abandoned and len(queue) == 1))
+                        and (self._reading or len(queue) > 1))
                 self._send(request, response, keep)
                 if self._write_paused and not await self._drained():
                     return
@@ -874,6 +889,9 @@ class HttpConnection(asyncio.Protocol):
         could lose the answer."""
         transport = self._transport
         if transport is None or self.gone():
+            return
+        if self.ended:  # nothing more comes: nothing to drop
+            self._close()
             return
         if self._read_paused:
             self._read_paused = False
