@@ -40,6 +40,7 @@ from adapters.mq9.store import (
     Storage,
     StorageError,
     Stored,
+    describe,
 )
 from adapters.mq9.wire import (
     MAX_DISCOVER_LIMIT,
@@ -172,7 +173,8 @@ class Mq9Service:
         except LimitReached as exc:
             body = reply(str(exc))
         except (StorageError, nats.errors.Error) as exc:
-            log.warning("mq9 storage error", extra={"reason": str(exc), "outcome": "error"})
+            log.warning("mq9 storage error: %s", describe(exc),
+                        extra={"reason": str(exc), "outcome": "error"})
             body = reply(f"service unavailable: {exc}")
         except Exception as exc:  # never let one request take the service down
             log.exception("mq9 request failed", extra={"reason": str(exc)})
@@ -509,7 +511,7 @@ class Mq9Service:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("mq9 delayer: %s", exc, extra={"outcome": "retry"})
+                log.warning("mq9 delayer: %s", describe(exc), extra={"outcome": "retry"})
                 psub = None
                 await asyncio.sleep(1.0)
                 continue
@@ -542,7 +544,7 @@ class Mq9Service:
                                           headers.get("mq9-key") or None, expires,
                                           dedupe_id=f"delayed-{msg.metadata.sequence.stream}")
         except (LimitReached, StorageError) as exc:
-            log.warning("mq9 delayed message not moved yet: %s", exc,
+            log.warning("mq9 delayed message not moved yet: %s", describe(exc),
                         extra={"outcome": "retry"})
             await msg.nak(delay=5.0)
             return
@@ -559,7 +561,7 @@ class Mq9Service:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("mq9 sweep failed: %s", exc, extra={"outcome": "retry"})
+                log.warning("mq9 sweep failed: %s", describe(exc), extra={"outcome": "retry"})
                 continue
             if gone:
                 log.info("mq9 swept %d expired mailboxes", gone, extra={"outcome": "swept"})

@@ -66,6 +66,13 @@ class LimitReached(StorageError):
     """A configured bound (messages, bytes, mailboxes, agents, delayed) is reached."""
 
 
+def describe(exc: BaseException) -> str:
+    """``exc`` for a log line: its class and its text (many of nats-py's and
+    asyncio's errors have none, which would leave the line saying nothing)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 @dataclass(frozen=True)
 class MailboxMeta:
     """What CREATE fixed about a mailbox; never changes while the mailbox lives."""
