@@ -2,9 +2,10 @@
 (a plain wire client, tests/mq9wire.py) talk through a real gateway on real Redis.
 
 The gateway runs the mq9 service itself (``serve = true``) on the session's NATS server;
-every test uses mailboxes and agent names of its own. The service needs nats-server 2.11
-or newer: on an older ``NATS_URL`` server the tests that run it are skipped, and the one
-that checks the refusal runs instead.
+every test uses mailboxes and agent names of its own, and deletes them afterwards (with
+``NATS_URL`` that server is shared). The service needs nats-server 2.11 or newer: on an
+older ``NATS_URL`` server the tests that run it are skipped, and the one that checks the
+refusal runs instead.
 """
 
 from __future__ import annotations
@@ -79,16 +80,47 @@ async def mq9_url(nats_url: str) -> str:
     return nats_url
 
 
+class Owned:
+    """The mailboxes and agent names one test makes: deleted after it (``wire``), since
+    the session's NATS server may be shared and live on."""
+
+    def __init__(self) -> None:
+        self.boxes: list[str] = []
+        self.agents: list[str] = []
+
+    def box(self, prefix: str) -> str:
+        """A new mailbox name of this test's own."""
+        name = f"{prefix}.{uid()}"
+        self.boxes.append(name)
+        return name
+
+    def agent(self, prefix: str) -> str:
+        """A new agent name of this test's own."""
+        name = f"{prefix}-{uid()}"
+        self.agents.append(name)
+        return name
+
+
 @pytest.fixture
-async def wire(mq9_url: str) -> AsyncIterator[Mq9Wire]:
+def owned() -> Owned:
+    return Owned()
+
+
+@pytest.fixture
+async def wire(mq9_url: str, owned: Owned) -> AsyncIterator[Mq9Wire]:
     """A wire client, with a service instance of the test's own answering it (the same
-    JetStream state as the gateway's instance, so it still answers once that stopped)."""
+    JetStream state as the gateway's instance, so it still answers once that stopped);
+    afterwards the instance deletes what the test made (``owned``)."""
     service = await start_service(mq9_url)
     client = await Mq9Wire.connect(mq9_url)
     try:
         yield client
     finally:
         await client.close()
+        for box in owned.boxes:
+            await service.storage.delete_mailbox(box)
+        for agent in owned.agents:
+            await service.storage.unregister(agent)
         await stop_service(service)
 
 
@@ -136,9 +168,9 @@ async def unacknowledged(wire: Mq9Wire, box: str) -> list[dict[str, Any]]:
     return left
 
 async def test_round_trip_http_request_to_mq9_agent_and_its_response_back(
-    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire, owned: Owned
 ) -> None:
-    gw_box, agent_box = f"gw.{uid()}", f"worker.{uid()}"
+    gw_box, agent_box = owned.box("gw"), owned.box("worker")
     agents = {"Worker": {"addresses": [f"mq9:{agent_box}"], "identities": [f"mq9:{agent_box}"]}}
     config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, agents)
     async with running(config) as gw:
@@ -177,9 +209,9 @@ async def test_round_trip_http_request_to_mq9_agent_and_its_response_back(
 
 
 async def test_agent_known_by_name_is_found_with_discover(
-    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire, owned: Owned
 ) -> None:
-    gw_box, name, agent_box = f"gw.{uid()}", f"finder-{uid()}", f"finder.{uid()}"
+    gw_box, name, agent_box = owned.box("gw"), owned.agent("finder"), owned.box("finder")
     agents = {"Finder": {"addresses": [f"mq9:@{name}"]}}
     config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, agents)
     card = {"name": name, "mailbox": agent_box, "payload": "finds things"}
@@ -195,12 +227,12 @@ async def test_agent_known_by_name_is_found_with_discover(
 
 
 async def test_a_backlog_in_small_batches_is_processed_once_and_in_order(
-    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire, owned: Owned
 ) -> None:
     """Batches of 4 from a backlog (the next one fetched while one is processed, when
     that is exact), urgent messages among them: each processed once, the normal ones in
     the order sent, and the gateway's group acknowledged to the end."""
-    gw_box, scout_box = f"gw.{uid()}", f"scout.{uid()}"
+    gw_box, scout_box = owned.box("gw"), owned.box("scout")
     agents = {"Scout": {"addresses": [f"mq9:{scout_box}"], "identities": [f"mq9:{scout_box}"]}}
     config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, agents,
                            fetch_batch=4)
@@ -227,11 +259,11 @@ async def test_a_backlog_in_small_batches_is_processed_once_and_in_order(
 
 
 async def test_a_batch_keeps_each_conversation_in_order(
-    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire, owned: Owned
 ) -> None:
     """One mailbox, several conversations: each conversation's messages are stored in
     order, and a message of no conversation after everything before it, before the rest."""
-    gw_box, agent_box = f"gw.{uid()}", f"order.{uid()}"
+    gw_box, agent_box = owned.box("gw"), owned.box("order")
     config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, {})
     convs = ["c0", "c1", "c2"]
     texts = [(f"{c}-{i}", c) for i in range(5) for c in convs]
@@ -253,11 +285,11 @@ async def test_a_batch_keeps_each_conversation_in_order(
 
 
 async def test_undeclared_mq9_agent_gets_an_identity_and_replies_reach_it(
-    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire
+    redis_url: str, namespace: str, tmp_path: Path, nats_url: str, wire: Mq9Wire, owned: Owned
 ) -> None:
     """No ``[agents]`` entry: the reply mailbox is the identity (TOFU binds it) and the
     address replies go to; a message without one is refused, the next still passes."""
-    gw_box, agent_box = f"gw.{uid()}", f"helper.{uid()}"
+    gw_box, agent_box = owned.box("gw"), owned.box("helper")
     config = bridge_config(redis_url, namespace, tmp_path, nats_url, gw_box, {})
     async with running(config) as gw:
         assert (await wire.create(agent_box, ttl=0))["error"] == ""
