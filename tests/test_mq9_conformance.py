@@ -548,6 +548,23 @@ async def test_two_instances_share_the_work(services: Starter, mq9_nats: str) ->
         await mq9.close()
 
 
+async def test_stopping_an_instance_loses_no_request(services: Starter, mq9_nats: str) -> None:
+    """Requests in flight while one of two instances stops are all answered: the server
+    stops routing to it before it stops, and what it was given it answers."""
+    first = await services()
+    await services()
+    mq9 = await Mq9Wire.connect(mq9_nats)
+    try:
+        name = await mailbox(mq9)
+        sends = [asyncio.create_task(mq9.send(name, f"m{i}")) for i in range(300)]
+        await asyncio.sleep(0.005)  # some sent, some still to go when the stop starts
+        await stop_service(first)
+        replies = await asyncio.gather(*sends)
+        assert sorted(r["msg_id"] for r in replies) == list(range(300))
+    finally:
+        await mq9.close()
+
+
 async def test_ack_hints_of_one_instance_never_undo_another(services: Starter,
                                                             mq9_nats: str) -> None:
     """An instance sets a group's offsets from the entry it last saw; when another

@@ -63,6 +63,9 @@ log = logging.getLogger("bpgw.mq9")
 
 _MAX_HEADER_BYTES = 2048
 _SCAN_BATCH = 256
+STOP_DRAIN_SECONDS = 5.0
+"""How long stop() waits for the server to stop routing requests here and for the
+requests it routed before to be taken."""
 
 Handler = Callable[[str, Msg], Awaitable[bytes | None]]
 
@@ -126,8 +129,16 @@ class Mq9Service:
         """Stop taking requests, finish the ones in flight, stop the loops. Safe twice."""
         self._stopping = True
         if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._sub.unsubscribe()
+            # Drained, not just unsubscribed: the UNSUB and a round trip make the server
+            # stop routing requests here, and the ones it routed before are taken, not
+            # dropped (their clients would wait out their timeouts for nothing).
+            # (Not connected: the server dropped the subscription with the connection.)
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                async with asyncio.timeout(STOP_DRAIN_SECONDS):
+                    if self.nc.is_connected:
+                        await self._sub.drain()
+                    else:
+                        await self._sub.unsubscribe()
             self._sub = None
         for task in self._loops:
             task.cancel()
