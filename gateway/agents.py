@@ -239,6 +239,11 @@ class _Cache(Generic[_T]):
         self._items.clear()
 
 
+def _other_than(owner: str | None, sender: str) -> str | None:
+    """``owner`` unless it is ``sender`` (who may open its own RequestIds)."""
+    return None if owner is None or owner == sender else owner
+
+
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
@@ -533,30 +538,28 @@ class AgentDirectory:
         agent (declared, credential-owned or bound, compared canonically, or the RequestId
         slug of a declared agent) or the sender itself.
         """
-        known, owner = self.known_request_id_owner(request_id, sender)
-        if known:
-            return owner
         local, unknown = self._cuts_of(request_id, sender)
+        # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
+        # name bound on another replica owns its ids here within CACHE_SECONDS).
         asked = [k for k in unknown if not self._nobody.get(k)[0]]
-        bound = await self._redis.hmget(self._prefix + "identity", asked)
-        for key, who in zip(asked, bound, strict=True):
-            if who is not None:
-                shown = await self._redis.hget(self._prefix + "name", key)
-                return key if shown is None else _text(shown)
-            self._nobody.put(key, True)
-        return None if local is None or local == sender else local
+        if asked:
+            bound = await self._redis.hmget(self._prefix + "identity", asked)
+            for key, who in zip(asked, bound, strict=True):
+                if who is not None:
+                    shown = await self._redis.hget(self._prefix + "name", key)
+                    return key if shown is None else _text(shown)
+                self._nobody.put(key, True)
+        return _other_than(local, sender)
 
     def known_request_id_owner(self, request_id: str, sender: str) -> tuple[bool, str | None]:
         """(True, ``request_id_owner(request_id, sender)``) when known without Redis (the
         config decides, or every cut it does not know was seen lately to name nobody),
         else (False, None)."""
         local, unknown = self._cuts_of(request_id, sender)
-        # Cuts seen lately to name nobody are not asked again (bounded, expiring: a
-        # name bound on another replica owns its ids here within CACHE_SECONDS).
         for key in unknown:
             if not self._nobody.get(key)[0]:
                 return False, None
-        return True, None if local is None or local == sender else local
+        return True, _other_than(local, sender)
 
     def _cuts_of(self, request_id: str, sender: str) -> tuple[str | None, tuple[str, ...]]:
         """What the config says of the cuts of ``request_id`` (``_put_cuts``)."""
