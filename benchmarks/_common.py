@@ -81,11 +81,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of Linux ``/proc/<pid>/stat`` after the command name (the state is
+    [0]); None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds process ``pid`` has used (its own counters, Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -93,11 +101,8 @@ def cpu_seconds(pid: int) -> float:
 def placement(pid: int) -> tuple[int, bool] | None:
     """(the CPU process ``pid`` last ran on, whether it is runnable now), from Linux /proc;
     None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[36]), fields[0] == "R"
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[36]), fields[0] == "R")
 
 
 def child_pid(name: str) -> int:

@@ -341,9 +341,9 @@ class Load:
 
 
 class PlacementSampler:
-    """Samples, every millisecond, which CPU two processes last ran on and whether both
-    are runnable: how often the scheduler stacks them on one core (a task woken by a
-    socket write is placed next to its waker when the other core is busy)."""
+    """Samples, about every millisecond (less often while the load generator holds the
+    GIL), which CPU two processes last ran on and whether both are runnable there: how
+    often one of them waits for the core the other holds."""
 
     def __init__(self, a: int, b: int) -> None:
         self.samples = self.same = self.both_runnable = 0
@@ -502,7 +502,7 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
             emit(f"e2e_{label}_saturation_gateway_valkey_same_cpu", stacking.same / n,
                  "share", both_runnable=round(stacking.both_runnable / n, 3),
                  samples=stacking.samples,
-                 note="share of samples (/proc, every ms) in which the first gateway "
+                 note="share of samples (/proc, about every ms) in which the first gateway "
                  "process and Valkey last ran on the same CPU; both_runnable: and both "
                  "wanted it (a diagnostic: the sampling slows the load generator)")
         for part, seconds in sat.others.items():
