@@ -155,8 +155,11 @@ class ScriptBatcher:
     async def _merged(self, calls: list[_Args]) -> list[Any]:
         """One call of the batch script for ``calls``; its replies, one per call."""
         assert self._head is not None
-        keys = [k for call_keys, _ in calls for k in call_keys]
-        args = [*self._head, *(a for _, call_args in calls for a in call_args)]
+        keys: list[str] = []
+        args = [*self._head]
+        for call_keys, call_args in calls:  # (lists extended in C, not item by item)
+            keys += call_keys
+            args += call_args
         replies = await self._evalsha(keys, args)
         if not isinstance(replies, list) or len(replies) != len(calls):
             raise RuntimeError(f"batch script answered {len(calls)} calls with {replies!r:.200}")

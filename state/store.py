@@ -350,14 +350,16 @@ class ConversationStore:
         """One message's KEYS and ARGV in apply.lua's batch (the batcher adds the prefix):
         its key count, one JSON array (order documented there), its journal entry and no
         loop guard ("")."""
-        at = round(time.time() if now is None else now, 3)
+        at = time.time() if now is None else now
         # The array written out by hand, each string through the json module's own
         # encoder (what _to_json makes of the list, at about half the cost: once per
-        # message). The numbers are ints and a finite float, whose repr is their JSON.
+        # message). The numbers are ints, whose repr is their JSON, and the time to the
+        # millisecond: ".3f" writes the digits round(at, 3) stands for, without making
+        # that float and then the shortest repr of it (two conversions each way).
         q = _json_str
         fields = (
             f"[{q(typ)},{q(request_id)},{q(sender)},{q(to)},{int(depth)},{int(max_depth)},"
-            f"{q(status)},{q(priority)},{q(task)},{q(excerpt)},{q(fp)},{at!r},"
+            f"{q(status)},{q(priority)},{q(task)},{q(excerpt)},{q(fp)},{at:.3f},"
             f"{q(origin.transport)},{q(origin.channel)},{q(origin.thread or '')},"
             f"{q(origin.native_id or '')},{q(trace_id or '')},"
             f"{q(name_key(sender))},{q(name_key(to))}]"

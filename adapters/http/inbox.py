@@ -177,6 +177,13 @@ def _json_opt(value: str | None) -> str:
     return "null" if value is None else _json_str(value)
 
 
+@functools.lru_cache(maxsize=1)
+def _json_time(at: float) -> str:
+    """``at`` as a JSON number: a batch of messages stored together shares one time, so
+    its shortest repr (a few microseconds) is worked out once."""
+    return repr(float(at))
+
+
 def inbox_body(
     text: str,
     kind: str,
@@ -195,7 +202,7 @@ def inbox_body(
         f'{{"text":{_json_str(text)},"kind":{_json_str(kind)},'
         f'"request_id":{_json_opt(request_id)},"trace_id":{_json_opt(trace_id)},'
         f'"reply_to":{_json_opt(reply_to)},"thread":{_json_opt(thread)},'
-        f'"at":{float(time.time() if at is None else at)!r}}}'
+        f'"at":{_json_time(time.time() if at is None else at)}}}'
     )
 
 
@@ -271,19 +278,20 @@ class Inboxes:
         args: list[Any] = []
         size = 0
         for i, (body, journal_id) in enumerate(messages):
-            length = len(body.encode())
-            args += [journal_id or "", length, body]
-            size += length
+            data = body.encode()  # sent as these bytes: encoded once, not again to send
+            args += [journal_id or "", len(data), data]
+            size += len(data)
             if size >= PUT_BATCH_BYTES or i == len(messages) - 1:
                 replies = await self._deliver(
                     keys=self._keys(owner), args=[self.max_count, self.max_bytes, *args]
                 )
                 for status, value in replies:
-                    if _text(status) == "full":
-                        out.append(("full", f"inbox of {owner} is full: {_text(value)}; the "
+                    reply = _text(status), _text(value)
+                    if reply[0] == "full":
+                        out.append(("full", f"inbox of {owner} is full: {reply[1]}; the "
                                     "agent is not reading or acknowledging it"))
                         return out
-                    out.append((_text(status), _text(value)))
+                    out.append(reply)
                 args, size = [], 0
         return out
 
