@@ -85,6 +85,15 @@ _HEADER_VALUE_BAD = re.compile(r"[\r\n\x00]")
 # Fields that say how the request is read or whose it is: a second one is refused (400),
 # as another server or proxy on the way might have taken that one instead of the first.
 _ONCE_ONLY = frozenset({"host", "authorization", "content-type", "content-encoding"})
+# The usual header names as clients write them, with their keys (lower case): a look-up
+# instead of decoding and lowering each name of every request. Fixed: never grows.
+_HEADER_KEYS: dict[bytes, str] = {
+    spelling: key
+    for key in ("host", "authorization", "content-type", "content-length",
+                "content-encoding", "transfer-encoding", "expect", "connection",
+                "accept", "accept-encoding", "user-agent")
+    for spelling in (key.encode(), key.title().encode())
+}
 _PCT_RUN = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
 _PCT_KEPT = re.compile(r"%2[Ff5]")  # an encoded "/" or "%" stays encoded in the path
 
@@ -265,12 +274,14 @@ class Request:
         self._data: bytes | bytearray = b""
         self._size = 0
         self._error: BodyError | None = None
-        encoding = headers.get("content-encoding", "")
-        encoding = encoding.lower() if encoding.isascii() else encoding
-        self._inflater = _Inflater(encoding) if encoding in ("gzip", "deflate") else None
-        if encoding in ("br", "zstd"):
-            self._error = BodyError(400, f"cannot decode content-encoding {encoding}: send "
-                                         "the body unencoded, gzip or deflate")
+        self._inflater: _Inflater | None = None
+        if (encoding := headers.get("content-encoding")) is not None:
+            encoding = encoding.lower() if encoding.isascii() else encoding
+            if encoding in ("gzip", "deflate"):
+                self._inflater = _Inflater(encoding)
+            elif encoding in ("br", "zstd"):
+                self._error = BodyError(400, f"cannot decode content-encoding {encoding}: "
+                                             "send the body unencoded, gzip or deflate")
         self._waiter: asyncio.Future[None] | None = None
         self.complete = False
         self.discarding = False
@@ -410,8 +421,9 @@ def _split_target(target: bytes) -> tuple[str, str]:
     """(decoded path, raw query) of a request target in any of its forms."""
     if target.startswith(b"/"):
         raw, _, rest = target.partition(b"?")
-        query = rest.partition(b"#")[0]
-        raw = raw.partition(b"#")[0]
+        query = rest.partition(b"#")[0] if rest else rest
+        if b"#" in raw:
+            raw = raw.partition(b"#")[0]
     else:  # absolute form (or "*", or an authority)
         try:
             url = httptools.parse_url(target)
@@ -633,17 +645,20 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """One header field, or a trailer field (counted with the head, then dropped)."""
-        self._count += 1
-        if self._count > MAX_HEADERS:
-            self._fail_head(f"more than {MAX_HEADERS} header fields")
-        if len(name) > MAX_LINE_BYTES or len(value) > MAX_LINE_BYTES:
-            self._fail_head(f"a header field over {MAX_LINE_BYTES} bytes")
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > MAX_HEAD_BYTES:
+        name_bytes, value_bytes = len(name), len(value)
+        count = self._count = self._count + 1
+        size = self._head_bytes = self._head_bytes + name_bytes + value_bytes + 4
+        # (One test of every bound on the usual field; which one failed, when one did.)
+        if (count > MAX_HEADERS or size > MAX_HEAD_BYTES
+                or name_bytes > MAX_LINE_BYTES or value_bytes > MAX_LINE_BYTES):
+            if count > MAX_HEADERS:
+                self._fail_head(f"more than {MAX_HEADERS} header fields")
+            if name_bytes > MAX_LINE_BYTES or value_bytes > MAX_LINE_BYTES:
+                self._fail_head(f"a header field over {MAX_LINE_BYTES} bytes")
             self._fail_head(f"request head over {MAX_HEAD_BYTES} bytes")
         if self._parsing is not None:
             return  # a trailer field (after a chunked body): bounded, never a header
-        key = name.decode("latin-1").lower()
+        key = _HEADER_KEYS.get(name) or name.decode("latin-1").lower()
         headers = self._headers
         if key not in headers:
             headers[key] = value.decode("utf-8", "surrogateescape")
@@ -761,10 +776,12 @@ class HttpConnection(asyncio.Protocol):
     def _update_reading(self) -> None:
         """Pause reading while requests wait behind the one answered (a later one's
         body arriving, or ``QUEUE_MAX`` of them); resume once they are answered."""
+        queue = self._queue
+        if len(queue) < 2 and not self._read_paused:
+            return  # (the usual case, asked after every request: nothing waits, nothing to resume)
         transport = self._transport
         if transport is None or self._lost:
             return
-        queue = self._queue
         waiting = len(queue) > 1 and (
             len(queue) >= QUEUE_MAX or (self._parsing is not None and self._parsing is not queue[0])
         )

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -124,18 +124,19 @@ def error_answer(request: Request, exc: Exception) -> Response | None:
     return unavailable("unexpected server error; see the gateway log; retry")
 
 
-async def read_bytes(request: Request, max_bytes: int, within: float) -> bytes:
+def read_bytes(request: Request, max_bytes: int, within: float) -> Awaitable[bytes]:
     """The raw request body, at most ``max_bytes``, arrived whole within ``within`` s.
 
     Oversize bodies are refused (413) from ``Content-Length`` before reading (the server
     refuses others while reading: a chunked or compressed one). A body that does not
     arrive whole in time (a trickling client) is 408 and the connection is closed.
+    (Not a coroutine itself: what it returns, the body's own, is the one that waits.)
     """
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(
             413, f"body of {request.content_length} bytes exceeds the limit of {max_bytes}"
         )
-    return await request.body(within)
+    return request.body(within)
 
 
 async def read_body(request: Request, max_bytes: int, within: float) -> Any:
