@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring as _json_str
@@ -22,12 +23,15 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from adapters.base import Adapter, Address, Outbound, OutboundKind
-from gateway.frozen import Maker, shared_address
+from gateway.frozen import maker, shared_address
 from state.keys import tagged_key
 
 log = logging.getLogger("bpgw.gateway.outbox")
 
 _to_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# json.loads for the entries written here (text, never a byte order mark to refuse): the
+# decoder without that function's checks (a journal entry is read per message).
+_from_json = json.JSONDecoder().decode
 
 STATS_MAX_DESTINATIONS = 1000
 """Destinations ``Outbox.stats`` reads at most (status, health and metrics stay bounded)."""
@@ -146,14 +150,30 @@ def journal_entry(
     """
     # Written out by hand (one per accepted message; each string through the json
     # module's own encoder): what _to_json makes of the same dict, at a third of the cost.
-    s = "null" if sender_at is None else _json_strings(
-        (sender_at.transport, sender_at.channel, sender_at.thread or "")
-    )
-    return (
+    at = None if sender_at is None else (
+        sender_at.transport, sender_at.channel, sender_at.thread or "")
+    raw = (
         f'{{"k":{_json_str(str(kind))},"t":{_json_str(text)},'
         f'"r":{_json_str(request_id or "")},"tr":{_json_str(trace_id or "")},'
-        f'"d":[{",".join([_json_strings(d) for d in deliveries])}],"s":{s}}}'
+        f'"d":[{",".join([_json_strings(d) for d in deliveries])}],'
+        f'"s":{"null" if at is None else _json_strings(at)}}}'
     )
+    if len(_journaled) >= JOURNALED_MAX:
+        _journaled.popitem(last=False)
+    _journaled[raw] = {"k": str(kind), "t": text, "r": request_id or "",
+                       "tr": trace_id or "", "d": deliveries, "s": at}
+    return raw
+
+
+JOURNALED_MAX = 2048
+"""Entries ``journal_entry`` remembers decoded (``_journaled``)."""
+# The entries journal_entry wrote lately, by their JSON, each with what decoding that JSON
+# gives (tuples where it gives lists): the dispatcher, usually this process's, reads each
+# one back soon after and takes it from here instead of decoding it again (a JSON decode
+# of the whole text per message). Bounded, oldest out first; an entry not found here
+# (written by another replica or before a restart, or placed by the apply script) is
+# decoded as before.
+_journaled: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -229,13 +249,13 @@ class Item:
 # The kinds by value: a dict lookup instead of the enum's call per journal entry.
 _KINDS: dict[str, OutboundKind] = {kind.value: kind for kind in OutboundKind}
 
-_make_outbound = Maker(Outbound)
-_make_item = Maker(Item)
+_make_outbound = maker(Outbound)
+_make_item = maker(Item)
 
 
 def items_of(entry_id: str, raw: str, adapters: Mapping[str, Adapter]) -> list[Item]:
     """The deliveries of one journal entry, each with its destination queue name."""
-    e = json.loads(raw)
+    e = _journaled.pop(raw, None) or _from_json(raw)
     kind = _KINDS.get(e["k"]) or OutboundKind(e["k"])  # (an unknown kind raises as before)
     s = e.get("s")
     sender_at = None if not s else shared_address(s[0], s[1], s[2])
