@@ -24,7 +24,7 @@ from gateway import notices
 from gateway.agents import AgentDirectory, IdentityVerdict, SenderCheck
 from gateway.commands import CancelNotice, Commands, parse_command
 from gateway.config import GatewayConfig, parse_address
-from gateway.frozen import Maker, shared_address
+from gateway.frozen import maker, shared_address
 from gateway.guards import PairBudget
 from gateway.logs import ids
 from gateway.metrics import Metrics
@@ -665,8 +665,8 @@ class Pipeline:
 
 
 # Every message has an origin, and most an accepted disposition (gateway.frozen).
-_make_origin = Maker(Origin)
-_make_disposition = Maker(Disposition)
+_make_origin = maker(Origin)
+_make_disposition = maker(Disposition)
 
 # Messages that open a conversation under their RequestId.
 _OPENERS = frozenset({MessageType.REQUEST, MessageType.BROADCAST})

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from adapters.base import Address, Disposition, Envelope, Outbound
-from gateway.frozen import Maker, shared_address
+from gateway.frozen import maker, shared_address
 from state.records import Origin
 
 
@@ -21,7 +21,7 @@ from state.records import Origin
     ],
 )
 def test_a_made_object_is_what_the_constructor_makes(cls: type, values: dict) -> None:
-    made = Maker(cls)(**values)
+    made = maker(cls)(**values)
     expected = cls(**values)
     assert type(made) is cls and made == expected and repr(made) == repr(expected)
     if cls is not Disposition:  # (its warnings are dicts: not hashable either way)
@@ -34,9 +34,9 @@ def test_a_made_object_is_what_the_constructor_makes(cls: type, values: dict) ->
 
 
 def test_a_class_the_maker_can_not_make_is_refused() -> None:
-    """A default factory (Envelope.at) would be skipped: refused when the Maker is made."""
+    """A default factory (Envelope.at) would be skipped: refused when the maker is made."""
     with pytest.raises(TypeError, match="default factory"):
-        Maker(Envelope)
+        maker(Envelope)
 
 
 def test_shared_address_is_one_object_per_place() -> None:
