@@ -23,7 +23,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from adapters.base import Adapter, Address, Outbound, OutboundKind
-from gateway.frozen import maker, shared_address
+from gateway.frozen import shared_address
+from state.frozen import maker
 from state.keys import tagged_key
 
 log = logging.getLogger("bpgw.gateway.outbox")

@@ -24,7 +24,7 @@ from gateway import notices
 from gateway.agents import AgentDirectory, IdentityVerdict, SenderCheck
 from gateway.commands import CancelNotice, Commands, parse_command
 from gateway.config import GatewayConfig, parse_address
-from gateway.frozen import maker, shared_address
+from gateway.frozen import shared_address
 from gateway.guards import PairBudget
 from gateway.logs import ids
 from gateway.metrics import Metrics
@@ -43,6 +43,7 @@ from protocol import (
     signature_problem,
 )
 from protocol.ids import new_request_id
+from state.frozen import maker
 from state.records import Conversation, ConvStatus, Origin, Outcome, size_problem
 from state.store import ConversationStore
 

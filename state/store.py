@@ -31,6 +31,7 @@ from protocol.models import (
 )
 from protocol.names import name_key
 from state.batching import ScriptBatcher
+from state.frozen import maker
 from state.records import (
     ACTIVE,
     TERMINAL,
@@ -96,6 +97,8 @@ _STATUSES: dict[str | bytes, ConvStatus] = {
     **{s.value: s for s in ConvStatus}, **{s.value.encode(): s for s in ConvStatus}}
 _OUTCOMES: dict[str | bytes, Outcome] = {
     **{o.value: o for o in Outcome}, **{o.value.encode(): o for o in Outcome}}
+_make_result = maker(ApplyResult)
+"""An ``ApplyResult`` (one per message) without its frozen ``__init__`` (state.frozen)."""
 
 
 @lru_cache(maxsize=16)
@@ -383,7 +386,8 @@ class ConversationStore:
             result = ApplyResult(outcome, "", None, None, retry_after=int(raw[5]) / 1000,
                                  tripped=bool(raw[4]))
         else:
-            result = ApplyResult(outcome, _text(raw[1]), conv, previous)
+            result = _make_result(outcome=outcome, reason=_text(raw[1]), source=conv,
+                                  previous_status=previous)
         if outcome is Outcome.APPLIED:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("conversation %s: %s applied", request_id, typ,

@@ -1,14 +1,17 @@
-"""gateway.frozen: objects made without their dataclass __init__ are the same objects."""
+"""state.frozen and gateway.frozen: objects made without their dataclass __init__ are the
+same objects."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
-from adapters.base import Address, Disposition, Envelope, Outbound
-from gateway.frozen import maker, shared_address
-from state.records import Origin
+from adapters.base import Address, Author, Disposition, Envelope, Outbound
+from gateway.frozen import shared_address
+from state.frozen import maker
+from state.records import ApplyResult, Origin, Outcome
 
 
 @pytest.mark.parametrize(
@@ -18,6 +21,10 @@ from state.records import Origin
         (Disposition, {"outcome": "accepted", "detail": "applied", "request_ids": ("r-1",),
                        "warnings": ({"code": "no_address"},)}),
         (Outbound, {"address": Address("side", "room", "t"), "text": "hi", "id": "1-2"}),
+        (ApplyResult, {"outcome": Outcome.APPLIED, "reason": "", "source": None,
+                       "previous_status": None}),
+        (Envelope, {"transport": "http", "channel": "Lotbot", "author": Author("Lotbot"),
+                    "text": "hi", "native_id": "n1", "at": 1.5}),
     ],
 )
 def test_a_made_object_is_what_the_constructor_makes(cls: type, values: dict) -> None:
@@ -33,10 +40,24 @@ def test_a_made_object_is_what_the_constructor_makes(cls: type, values: dict) ->
                                                                            **{field: "x"})
 
 
+def test_a_default_factory_makes_the_fields_not_given() -> None:
+    """Envelope.at: made per object by its factory, as the constructor does."""
+    before = time.time()
+    made = maker(Envelope)(transport="http", channel="Lotbot", author=Author("Lotbot"),
+                           text="hi")
+    assert before <= made.at <= time.time()
+    assert made == Envelope("http", "Lotbot", Author("Lotbot"), "hi", at=made.at)
+
+
 def test_a_class_the_maker_can_not_make_is_refused() -> None:
-    """A default factory (Envelope.at) would be skipped: refused when the maker is made."""
-    with pytest.raises(TypeError, match="default factory"):
-        maker(Envelope)
+    """A class with __slots__ (no __dict__ to set) is refused when the maker is made."""
+    with pytest.raises(TypeError, match="only plain dataclasses"):
+        maker(_Slotted)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Slotted:
+    value: int
 
 
 def test_shared_address_is_one_object_per_place() -> None:

@@ -63,6 +63,7 @@ from adapters.http.wire import (
 )
 from adapters.options import load_options
 from protocol.names import name_key
+from state.frozen import maker
 
 log = logging.getLogger("bpgw.adapters.http")
 # A handler of a path with a parameter (an agent's name, a RequestId): called with its value.
@@ -83,6 +84,8 @@ DEFAULT_PAGE = 50
 _RETRY_JSON_HEAD = encode_headers({"Retry-After": str(RETRY_AFTER_SECONDS)})
 # How long stop() lets in-flight requests finish before cancelling them.
 SHUTDOWN_SECONDS = 5.0
+# An Envelope per post without its frozen __init__ (state.frozen).
+_make_envelope = maker(Envelope)
 
 
 # Native ids: a random per-process prefix and a counter. Unique across processes and
@@ -499,7 +502,7 @@ class HttpAdapter(Adapter):
             await read_body(request, s.max_body_bytes, s.body_timeout_seconds)
         )
         native_id = new_native_id()
-        envelope = Envelope(
+        envelope = _make_envelope(
             transport=self.name,
             channel=caller.name,
             author=caller.author,
