@@ -8,12 +8,16 @@ with the gateway's) pushes ``--messages`` new REQUESTs through the real path: ``
 concurrent ``POST /v1/messages`` over keep-alive connections, and the next batch only once
 the recipient's long-poll (``GET .../inbox``, acknowledging each batch with the next poll)
 has every message of this one. Stepping in whole batches keeps the work per message the
-same from run to run, so instruction counts are repeatable:
+same from run to run, so instruction counts are repeatable (to about 1%):
 
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p \\
-        python benchmarks/bench_gateway_path.py --messages 1280
-    # and again with --messages 320: (instructions of the first - of the second) / 960
-    # is the gateway's instructions per message, start-up and warm-up removed.
+    valgrind --tool=callgrind --dump-before=uv_spawn --callgrind-out-file=/tmp/cg.%p \\
+        python benchmarks/bench_gateway_path.py --messages 2880
+    # and again with --messages 1280. Each load generator's start (uv_spawn) begins a new
+    # dump: the last one (/tmp/cg.<pid>, no suffix) holds the measured messages and the
+    # stop. (totals of the 2880 one - of the 1280 one) / 1600 is the gateway's
+    # instructions per message, start-up, warm-up and stop removed. (Name the
+    # interpreter itself, not a shell shim such as pyenv's: valgrind does not follow
+    # what a traced process execs.)
 
 Without valgrind it reports the gateway process's CPU µs per message (its own counters,
 over the measured messages after ``--warmup``; noisy on a busy VM), and ``--cprofile
