@@ -84,6 +84,11 @@ class Pipeline:
         self._metrics = metrics
         self._commands = commands
         self._name = config.gateway.name
+        # Asked for every message: read out of the (frozen) config once, not through two
+        # pydantic attribute hooks (a few hundred instructions each) every time.
+        self._command_prefix = config.gateway.command_prefix
+        self._max_block_bytes = config.policy.max_block_bytes
+        self._max_blocks = config.policy.max_blocks_per_message
         self._budget = PairBudget(config.policy)
         # Every message goes to the mirrors too, with no agent (made once).
         self._mirrors: list[tuple[Address, str | None]] = [
@@ -118,7 +123,7 @@ class Pipeline:
         problem = problem or size_problem("author id", env.author.id, AUTHOR_ID_MAX_BYTES)
         if problem is not None:
             return self._count(await self._too_long(env, problem))
-        command = parse_command(env.text, self._config.gateway.command_prefix)
+        command = parse_command(env.text, self._command_prefix)
         if command is not None:
             metrics.received(env.transport, "command")
             result = await self.command(
@@ -136,7 +141,7 @@ class Pipeline:
             text = adapter.render_command_result(result) if adapter else result.to_text()
             await self._notify(env.address, text, reply_to=env.native_id)
             return self._count(Disposition("command", result.title))
-        parsed = parse(env.text, max_block_bytes=self._config.policy.max_block_bytes)
+        parsed = parse(env.text, max_block_bytes=self._max_block_bytes)
         if not parsed.found_block:
             metrics.received(env.transport, "chat")
             return self._count(Disposition("ignored", "no protocol block"))
@@ -169,7 +174,7 @@ class Pipeline:
                     errors=tuple(e.to_dict() for e in shown),
                 )
             )
-        cap = self._config.policy.max_blocks_per_message
+        cap = self._max_blocks
         address = shared_address(env.transport, env.channel, env.thread)  # (env.address: a new one)
         for msg in parsed.messages[:cap]:
             results.append(await self._handle_message(env, msg, origin, address))
@@ -290,8 +295,9 @@ class Pipeline:
             return await self._reject(env, msg, rejection)
         fp, rendered = fingerprint_and_render(msg)
         targets = await self._targets(msg, address, None)
-        # No agent's address among the targets (mirrors only, or none at all).
-        unheld = not msg.is_broadcast and not any(r for _, r in targets)
+        # No agent's address among the targets (mirrors only, or none at all). (The
+        # targets first: they usually decide it, without the model's attribute hook.)
+        unheld = not any(r for _, r in targets) and not msg.is_broadcast
         if unheld:
             refused = await self._unholdable_recipient(msg)
             if refused is not None:

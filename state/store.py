@@ -129,12 +129,13 @@ def _log_extra(request_id: str, trace_id: str | None, outcome: Outcome, typ: str
 def _message_text(msg: MessageBase) -> tuple[str, str, str]:
     """(task summary, history excerpt, priority) of one message."""
     if isinstance(msg, Request | Handoff):
-        task = " ".join(msg.task.split())  # collapsed once for the summary and the excerpt
+        fields = msg.__dict__  # (the hot case: no pydantic attribute hook, see _message_call)
+        task = " ".join(fields["task"].split())  # collapsed once for summary and excerpt
         if isinstance(msg, Handoff) and msg.reason:
             excerpt = _clip(f"{msg.task} ({msg.reason})", EXCERPT_CHARS)
         else:
             excerpt = _cut(task, EXCERPT_CHARS)
-        return _cut(task, TASK_CHARS), excerpt, str(msg.priority)
+        return _cut(task, TASK_CHARS), excerpt, str(fields["priority"])
     if isinstance(msg, Broadcast):
         urgency = str(msg.urgency) if msg.urgency else "normal"
         return _clip(msg.message, TASK_CHARS), _clip(msg.message, EXCERPT_CHARS), urgency
@@ -338,12 +339,16 @@ class ConversationStore:
     def _message_call(self, msg: Message, origin: Origin, now: float | None,
                       fp: str | None = None, journal: str = "") -> _Call:
         task, excerpt, priority = _message_text(msg)
-        # Not getattr(msg, "status", None): a missing attribute takes pydantic's slow path.
-        status = msg.status if isinstance(msg, Response) else None
+        # The values straight from the instance dict, as render does: a model's attribute
+        # goes through pydantic's __getattr__ hook (a few hundred instructions each).
+        fields = msg.__dict__
+        status = fields["status"] if isinstance(msg, Response) else None
+        depth = fields["depth"].__dict__
         return self._call(
-            str(msg.type), msg.request_id, msg.sender, msg.to, msg.depth.current,
-            msg.depth.max, str(status) if status else "", priority, task, excerpt,
-            (fp or fingerprint(msg))[:FINGERPRINT_CHARS], origin, msg.trace_id, now, journal,
+            str(fields["type"]), fields["request_id"], fields["sender"], fields["to"],
+            depth["current"], depth["max"], str(status) if status else "", priority, task,
+            excerpt, (fp or fingerprint(msg))[:FINGERPRINT_CHARS], origin, fields["trace_id"],
+            now, journal,
         )
 
     def _call(self, typ: str, request_id: str, sender: str, to: str, depth: int,
