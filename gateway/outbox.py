@@ -151,18 +151,18 @@ def journal_entry(
     """
     # Written out by hand (one per accepted message; each string through the json
     # module's own encoder): what _to_json makes of the same dict, at a third of the cost.
-    at = None if sender_at is None else (
+    sender = None if sender_at is None else (
         sender_at.transport, sender_at.channel, sender_at.thread or "")
     raw = (
         f'{{"k":{_json_str(str(kind))},"t":{_json_str(text)},'
         f'"r":{_json_str(request_id or "")},"tr":{_json_str(trace_id or "")},'
         f'"d":[{",".join([_json_strings(d) for d in deliveries])}],'
-        f'"s":{"null" if at is None else _json_strings(at)}}}'
+        f'"s":{"null" if sender is None else _json_strings(sender)}}}'
     )
     if len(_journaled) >= JOURNALED_MAX:
         _journaled.popitem(last=False)
     _journaled[raw] = {"k": str(kind), "t": text, "r": request_id or "",
-                       "tr": trace_id or "", "d": deliveries, "s": at}
+                       "tr": trace_id or "", "d": deliveries, "s": sender}
     return raw
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import gateway.outbox as outbox_module
 from adapters.base import (
     Adapter,
     Address,
@@ -415,6 +416,22 @@ def test_a_journal_entry_is_the_json_of_its_fields_whatever_the_text() -> None:
     [item, _] = items_of("1-1", entry, {})
     assert item.out.text == text and item.sender_at == Address("side", "room", None)
     assert json.loads(journal_entry("n", OutboundKind.NOTICE, []))["s"] is None
+
+
+def test_items_of_gives_the_same_items_from_memory_as_from_the_json() -> None:
+    """journal_entry remembers each entry it wrote decoded, and items_of takes it from
+    there once; an entry not remembered (another replica's, one from before a restart)
+    is decoded from its JSON into the same items. The memory is bounded."""
+    args = ("a \"quoted\" text\non two lines", OutboundKind.PROTOCOL,
+            [("chat", "main", "", "Lotbot", ""), ("side", "room", "t", "", "r")])
+    entry = journal_entry(*args, request_id="r-1", trace_id="tr-1",
+                          sender_at=Address("side", "room", None))
+    remembered = items_of("2-1", entry, {})
+    assert entry not in outbox_module._journaled  # (taken: the next read decodes it)
+    assert items_of("2-1", entry, {}) == remembered
+    for i in range(outbox_module.JOURNALED_MAX + 5):
+        journal_entry(f"text {i}", OutboundKind.NOTICE, [])
+    assert len(outbox_module._journaled) == outbox_module.JOURNALED_MAX
 
 
 def test_items_of_makes_what_the_constructors_make() -> None:
