@@ -159,22 +159,54 @@ def journal_entry(
         f'"d":[{",".join([_json_strings(d) for d in deliveries])}],'
         f'"s":{"null" if sender is None else _json_strings(sender)}}}'
     )
-    if len(_journaled) >= JOURNALED_MAX:
-        _journaled.popitem(last=False)
-    _journaled[raw] = {"k": str(kind), "t": text, "r": request_id or "",
-                       "tr": trace_id or "", "d": deliveries, "s": sender}
+    _journaled.put(raw, {"k": str(kind), "t": text, "r": request_id or "",
+                         "tr": trace_id or "", "d": deliveries, "s": sender})
     return raw
 
 
 JOURNALED_MAX = 2048
-"""Entries ``journal_entry`` remembers decoded (``_journaled``)."""
-# The entries journal_entry wrote lately, by their JSON, each with what decoding that JSON
-# gives (tuples where it gives lists): the dispatcher, usually this process's, reads each
-# one back soon after and takes it from here instead of decoding it again (a JSON decode
-# of the whole text per message). Bounded, oldest out first; an entry not found here
-# (written by another replica or before a restart, or placed by the apply script) is
-# decoded as before.
-_journaled: OrderedDict[str, dict[str, Any]] = OrderedDict()
+"""Entries ``journal_entry`` remembers decoded (``_journaled``) at most."""
+JOURNALED_MAX_CHARS = 4 << 20
+"""Characters of JSON those entries hold at most together; a longer entry is not kept."""
+
+
+class _Journaled:
+    """The entries journal_entry wrote lately, by their JSON, each with what decoding
+    that JSON gives (tuples where it gives lists): the dispatcher, usually this
+    process's, reads each one back soon after and takes it from here instead of decoding
+    it again (a JSON decode of the whole text per message). Bounded in entries and in
+    characters, oldest out first, as another replica may dispatch them all (then none is
+    taken); an entry not found here (written by another replica or before a restart,
+    placed by the apply script, or too long to keep) is decoded as before."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, raw: object) -> bool:
+        return raw in self._entries
+
+    def put(self, raw: str, decoded: dict[str, Any]) -> None:
+        if len(raw) > JOURNALED_MAX_CHARS:
+            return
+        entries = self._entries
+        while entries and (len(entries) >= JOURNALED_MAX
+                           or self._chars + len(raw) > JOURNALED_MAX_CHARS):
+            self._chars -= len(entries.popitem(last=False)[0])
+        entries[raw] = decoded
+        self._chars += len(raw)
+
+    def take(self, raw: str) -> dict[str, Any] | None:
+        decoded = self._entries.pop(raw, None)
+        if decoded is not None:
+            self._chars -= len(raw)
+        return decoded
+
+
+_journaled = _Journaled()
 
 
 @dataclass(frozen=True)
@@ -256,7 +288,7 @@ _make_item = maker(Item)
 
 def items_of(entry_id: str, raw: str, adapters: Mapping[str, Adapter]) -> list[Item]:
     """The deliveries of one journal entry, each with its destination queue name."""
-    e = _journaled.pop(raw, None) or _from_json(raw)
+    e = _journaled.take(raw) or _from_json(raw)
     kind = _KINDS.get(e["k"]) or OutboundKind(e["k"])  # (an unknown kind raises as before)
     s = e.get("s")
     sender_at = None if not s else shared_address(s[0], s[1], s[2])

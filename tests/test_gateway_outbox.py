@@ -434,6 +434,27 @@ def test_items_of_gives_the_same_items_from_memory_as_from_the_json() -> None:
     assert len(outbox_module._journaled) == outbox_module.JOURNALED_MAX
 
 
+def test_journal_memory_is_bounded_in_characters() -> None:
+    """Long entries (an agent's 256 KB messages, say) are remembered within
+    JOURNALED_MAX_CHARS together, oldest out first; one longer than that is not kept, and
+    every entry still gives its items."""
+    to = [("chat", "main", "", "Lotbot", "")]
+    long_text = "x" * (outbox_module.JOURNALED_MAX_CHARS // 3)
+    texts = [long_text + str(i) for i in range(5)]
+    entries = [journal_entry(t, OutboundKind.NOTICE, to) for t in texts]
+    assert [e in outbox_module._journaled for e in entries] == [False, False, False, True,
+                                                                True]
+    huge_text = "y" * outbox_module.JOURNALED_MAX_CHARS
+    huge = journal_entry(huge_text, OutboundKind.NOTICE, to)
+    assert huge not in outbox_module._journaled
+    assert entries[3] in outbox_module._journaled  # (nothing pushed out for it)
+    for i, (text, entry) in enumerate(zip([*texts, huge_text], [*entries, huge],
+                                          strict=True)):
+        [item] = items_of(f"3-{i}", entry, {})
+        assert item.out.text == text
+    assert len(outbox_module._journaled) == 0
+
+
 def test_items_of_makes_what_the_constructors_make() -> None:
     """items_of builds its Outbound and Item without their __init__: the same frozen
     objects (equal, hashable, immutable, replaceable) as the constructors make."""
