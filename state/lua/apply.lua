@@ -30,8 +30,11 @@ local ORPHAN_MAX_BYTES = 16384
 -- (in each message's fields they cost a decoded number each).
 local TIMEOUT_REQUEST, TIMEOUT_HANDOFF, TIMEOUT_CLARIFY, TIMEOUT_BROADCAST, RETENTION =
     unpack(cjson.decode(ARGV[2]))
--- Budget states this batch read or wrote, by key (their JSON, false: none), the keys it
--- writes (in order) and each one's milliseconds to live (0 when it is deleted).
+-- Budget states this batch read or wrote, by key (false: none; as read or as a trip wrote
+-- it, its JSON; once a message looked at one not cooling down, decoded: the table charge
+-- counts in and budget_json writes out when the batch ends, so a key charged by several
+-- messages of a batch is decoded and encoded once), the keys it writes (in order) and
+-- each one's milliseconds to live (0 when it is deleted).
 local BUD, BK, BPX = {}, {}, {}
 -- Loop guards decoded in this batch, by their JSON (a gateway sends the same one with
 -- every message).
@@ -62,9 +65,9 @@ local function budget_json(s)
   return '[0,' .. json(s[2]) .. string.format(',%d,%d]', s[3], s[4])
 end
 
-local function budget_write(k, raw, px)
+local function budget_write(k, state, px)
   if BPX[k] == nil then BK[#BK + 1] = k end
-  BUD[k] = raw or false
+  BUD[k] = state or false
   BPX[k] = px or 0
 end
 
@@ -117,33 +120,38 @@ end
 -- tripping it. Keys expire once their windows or cooldown have passed.
 -- Message `g` (its guard's JSON, "" for none) at `now` with budget keys KEYS[b + 1] ..
 -- KEYS[b + nb]. Returns nil without a guard, else the state of each key not cooling down
--- (guard[i] for key i, `tripped` when this message found it full) with what refuses the
--- message (guard.refused, nil when it passes), and the decoded guard. One table and
--- numeric loops: allocations and iterator calls are a large part of a step's cost.
+-- (guard[i] for key i; guard[-i] true when this message found it full) with what refuses
+-- the message (guard.refused, nil when it passes), and the decoded guard. A state is
+-- changed in place only by charge (the batch's state of the key): one this message would
+-- move to a later window is a copy. One table and numeric loops: allocations and iterator
+-- calls are a large part of a step's cost.
 local function budgets(g, b, nb, now)
   if g == '' then return nil end
   g = GUARDS[g] or decode_guard(g)
   local limit, window, cooldown = g[1], g[2], g[3]
   local guard = {}
   for i = 1, nb do
-    local raw = BUD[KEYS[b + i]]
-    local s = raw and decode_budget(raw)
+    local key = KEYS[b + i]
+    local s = BUD[key]
+    if type(s) == 'string' then
+      s = decode_budget(s)
+      if s[1] == 0 then BUD[key] = s end  -- (one cooling down stays as written)
+    end
     local v
     if s and s[1] > now then
       v = {0, s[1] - now}
     else
-      if not s or s[1] > 0 then s = {0, now, 0, 0} end  -- new, or its cooldown is over
+      -- New, or its cooldown is over. A window start computed here is kept as its JSON
+      -- reads back (as if written and read again between messages).
+      if not s or s[1] > 0 then s = {0, json(now) + 0, 0, 0} end
       local k = math.floor((now - s[2]) / window)
-      if k >= 1 then  -- move on by whole windows
-        s[3] = k == 1 and s[4] or 0
-        s[4] = 0
-        s[2] = s[2] + k * window
-        s[5], s[6] = nil, nil  -- their stored text is out of date
+      if k >= 1 then  -- move on by whole windows (their stored text is out of date)
+        s = {0, json(s[2] + k * window) + 0, k == 1 and s[4] or 0, 0}
       end
       guard[i] = s
       if s[3] * (1 - (now - s[2]) / window) + s[4] >= limit then
         v = {1, cooldown}
-        s.tripped = true
+        guard[-i] = true
       end
     end
     -- Report a trip first (one notice per cooldown), else the longest wait.
@@ -158,8 +166,7 @@ end
 local function trip(guard, g, b, nb, now)
   local cooldown = g[3]
   for i = 1, nb do
-    local s = guard[i]
-    if s and s.tripped then
+    if guard[-i] then
       if cooldown > 0 then
         budget_write(KEYS[b + i], cjson.encode({now + cooldown}), math.ceil(cooldown * 1000))
       else
@@ -169,15 +176,24 @@ local function trip(guard, g, b, nb, now)
   end
 end
 
+-- Whether state s is among guard[1] .. guard[i - 1].
+local function once(guard, s, i)
+  for j = 1, i - 1 do
+    if guard[j] == s then return true end
+  end
+  return false
+end
+
 -- Count this message against every budget (arguments as for trip); a key lives until its
 -- next window ends.
 local function charge(guard, g, b, nb, now)
   local window = g[2]
   for i = 1, nb do
     local s = guard[i]
-    if s then
+    -- (A key listed twice gets one count, as when each had its copy of the state.)
+    if s and not (i > 1 and once(guard, s, i)) then
       s[4] = s[4] + 1
-      budget_write(KEYS[b + i], budget_json(s), math.ceil((s[2] + 2 * window - now) * 1000))
+      budget_write(KEYS[b + i], s, math.ceil((s[2] + 2 * window - now) * 1000))
     end
   end
 end
@@ -383,7 +399,8 @@ for n = 1, #A do
 end
 flush_indices()
 for _, bk in ipairs(BK) do
-  local raw = BUD[bk]
-  if raw then redis.call('SET', bk, raw, 'PX', BPX[bk]) else redis.call('DEL', bk) end
+  local s = BUD[bk]
+  if type(s) == 'table' then s = budget_json(s) end
+  if s then redis.call('SET', bk, s, 'PX', BPX[bk]) else redis.call('DEL', bk) end
 end
 return out
