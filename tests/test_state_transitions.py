@@ -8,6 +8,7 @@ from test_state_helpers import (
     T0,
     broadcast,
     clarify,
+    drop_namespace,
     handoff,
     request,
     response,
@@ -16,6 +17,7 @@ from test_state_helpers import (
 
 from protocol.models import Status
 from state.records import ConvStatus, Origin, Outcome
+from state.settings import StateSettings
 from state.store import ConversationStore
 
 __all__ = ["store"]
@@ -258,3 +260,38 @@ async def test_gateway_close_to_failed(store: ConversationStore) -> None:
         "CLOSE", "bpgw")
     with pytest.raises(ValueError, match="terminal"):
         await store.close("r1", status=ConvStatus.OPEN, by="bpgw", reason="x")
+
+
+@pytest.mark.parametrize("now", [T0, T0 + 0.001, T0 + 12.5, 1_799_999_999.999, 86_400.25])
+async def test_a_new_record_written_by_the_client_is_the_one_the_script_writes(
+        store: ConversationStore, monkeypatch: pytest.MonkeyPatch, now: float) -> None:
+    """The store writes the record of a REQUEST or BROADCAST that opens a conversation
+    itself (apply.lua stores it instead of encoding one): byte for byte what the script's
+    encode writes, for names, texts and origins JSON escapes (``/``, DEL, quotes, control
+    characters, non-ASCII) and a broadcast."""
+    origins = [ORIGIN, Origin(transport="tg/x", channel='c"h\\1', thread="t/\x7f",
+                              native_id="n\x7f/é")]
+    msgs = [
+        request("plain"),
+        request("lower", sender="lotbot", to="mantis", trace_id="tr/1"),
+        request("unicode", sender="Ünï", to="ÉCOLE", task='a/b "c" \\ d\x7f\te ✓ 😀'),
+        request("ß-key", sender="Straße", to="STRASSE", depth=3),
+        request("self", sender="Lotbot", to="lotbot"),
+        broadcast("news", message="deploy /now\x7f"),
+    ]
+    script = ConversationStore(store.redis, StateSettings(namespace=store.settings.namespace
+                                                          + "-script"))
+    monkeypatch.setattr(script, "_new_record", lambda *args: "")  # the script encodes
+    try:
+        for origin in origins:
+            for msg in msgs:
+                rid = f"{msg.request_id}-{origins.index(origin)}"
+                msg = msg.model_copy(update={"request_id": rid})
+                ours = await store.apply(msg, origin, now=now)
+                theirs = await script.apply(msg, origin, now=now)
+                assert ours.outcome is theirs.outcome is Outcome.APPLIED
+                stored = await store.redis.get(store.keys.conv(rid))
+                assert stored == await store.redis.get(script.keys.conv(rid))
+                assert ours.conversation == theirs.conversation
+    finally:
+        await drop_namespace(store.redis, script.settings.namespace)

@@ -1,10 +1,13 @@
 -- Apply a batch of protocol messages (or CLOSEs by an operator or the gateway), each to
 -- its conversation, in order, atomically: the whole batch is one step on the server.
--- ARGV[1] prefix, ARGV[2] the store's timeouts and retention (below), then four per
+-- ARGV[1] prefix, ARGV[2] the store's timeouts and retention (below), then five per
 -- message: its number of keys, one JSON array of its fields
 -- (one argument instead of 19 keeps the client's encoding cheap), its outbox journal
--- entry ("" = none) and its loop guard ("" = none); KEYS, message after message: the
--- conversation key, the orphan key, then its budget keys (below).
+-- entry ("" = none), its loop guard ("" = none) and, for a REQUEST or BROADCAST, the
+-- record it opens its conversation with, as encode() writes it from those fields ("" =
+-- encode it here; the client writes it, which costs it less than encoding costs the
+-- script); KEYS, message after message: the conversation key, the orphan key, then its
+-- budget keys (below).
 -- Fields: 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
 --   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
 --   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
@@ -199,9 +202,9 @@ local function charge(guard, g, b, nb, now)
 end
 
 -- The state machine proper for message `a` (its fields) with conversation key `key`,
--- orphan key `okey` and journal entry `j`: the checks and the transition (one return per
--- outcome).
-local function step(key, okey, a, j)
+-- orphan key `okey`, journal entry `j` and new record `rec`: the checks and the
+-- transition (one return per outcome).
+local function step(key, okey, a, j, rec)
   local typ, id, from, to = a[1], a[2], a[3], a[4]
   local fk = a[18]
   local dc, dm = a[5], a[6]
@@ -219,7 +222,8 @@ local function step(key, okey, a, j)
                a[16], fk, a[19], (a[19] ~= fk and a[19] ~= 'all') and {fk, a[19]} or {fk},
                1}
     ev[6] = st
-    local new = encode(h, '', ev)
+    local new = rec
+    if new == '' then new = encode(h, '', ev) end
     -- An earlier message of this batch may have written or read the record already.
     blob = REC[key]
     if not blob then blob = redis.call('SET', key, new, 'NX', 'GET') end
@@ -339,10 +343,11 @@ local function step(key, okey, a, j)
 end
 
 -- Apply one message: its `count` keys are KEYS[f] .. (its conversation, its orphan key,
--- then its budget keys), `a` its fields, `j` its journal entry, `g` its guard. The steps
+-- then its budget keys), `a` its fields, `j` its journal entry, `g` its guard, `rec` its
+-- new record. The steps
 -- are functions of the script, not closures made for every message (a closure and its
 -- upvalues are allocations: they were about 3% of the script's instructions).
-local function apply_one(f, count, a, j, g)
+local function apply_one(f, count, a, j, g, rec)
   local key, okey = KEYS[f], KEYS[f + 1]
   local b, nb, now = f + 1, count - 2, a[12]  -- budget key i is KEYS[b + i]
   local guard, decoded = budgets(g, b, nb, now)
@@ -353,7 +358,7 @@ local function apply_one(f, count, a, j, g)
     trip(guard, decoded, b, nb, now)
     return {'loop', '', false, false, guard.refused[1], math.ceil(guard.refused[2] * 1000)}
   end
-  local result = step(key, okey, a, j)
+  local result = step(key, okey, a, j, rec)
   if guard and result[1] ~= 'duplicate' then charge(guard, decoded, b, nb, now) end
   return result
 end
@@ -362,7 +367,7 @@ end
 -- table per message), then one MGET of what they read (budgets, later steps' records).
 local A, F, C, reads, seen = {}, {}, {}, {}, {}
 local k = 1
-for i = 3, #ARGV, 4 do
+for i = 3, #ARGV, 5 do
   local count = tonumber(ARGV[i])
   local a = cjson.decode(ARGV[i + 1])
   local n = #A + 1
@@ -390,8 +395,8 @@ for i, rk in ipairs(reads) do seen[rk][rk] = got[i] end
 
 local out = {}
 for n = 1, #A do
-  local i = 4 * n - 1  -- message n's first argument (its key count)
-  local ok, res = pcall(apply_one, F[n], C[n], A[n], ARGV[i + 2], ARGV[i + 3])
+  local i = 5 * n - 2  -- message n's first argument (its key count)
+  local ok, res = pcall(apply_one, F[n], C[n], A[n], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
   if not ok then
     res = redis.error_reply(type(res) == 'table' and res.err or tostring(res))
   end
