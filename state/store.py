@@ -436,6 +436,8 @@ class ConversationStore:
 
     def _result(self, request_id: str, trace_id: str | None, typ: str, raw: Any
                 ) -> ApplyResult:
+        if isinstance(raw, str | bytes):  # apply.lua's reply when a conversation opened:
+            raw = ("applied", "", None, raw)  # its new record alone
         outcome = _OUTCOMES[raw[0]]
         blob = raw[3]
         conv = partial(decode_conversation, request_id, blob) if blob else None

@@ -18,8 +18,9 @@
 -- [limit, window seconds, cooldown seconds] over the message's budget keys.
 -- Returns one reply per message: {outcome, reason, previous status, record blob or
 -- false}; outcome 'loop' adds {1 when this message tripped a budget else 0, milliseconds
--- until it lets messages pass}; a message whose step failed gets an error reply (the
--- others still run).
+-- until it lets messages pass}; a message that opened a conversation gets its new record
+-- alone (that is {'applied', '', false, record}: no table to build and convert for the
+-- usual step); a message whose step failed gets an error reply (the others still run).
 -- Commands: one MGET up front reads every budget key of the batch and the record of
 -- every message that does not open a conversation; then a new REQUEST is SET NX GET
 -- (+ XADD with a journal entry), any later step SET; the indices (status, deadline,
@@ -231,7 +232,7 @@ local function step(key, okey, a, j, rec)
     if not blob then
       enter(id, h)
       journal(h, j)
-      return {'applied', '', false, new}
+      return new
     end
   else
     blob = stored(key)
