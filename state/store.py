@@ -97,18 +97,11 @@ _OPENS = frozenset(("REQUEST", "BROADCAST"))
 """The message types that open a conversation (apply.lua writes a new record for them)."""
 
 
-def _cjson_str(text: str) -> str:
-    """``text`` as the scripts' cjson writes a string: the json module's text, with ``/``
-    and DEL escaped as cjson escapes them."""
-    out = _json_str(text)
-    if "/" in out or "\x7f" in out:
-        out = out.replace("/", "\\/").replace("\x7f", "\\u007f")
-    return out
-
-
 def _cjson_num(value: float) -> str | None:
     """``value`` as the scripts' cjson writes a number (14 significant digits), or None
     when that is not plain digits (an exponent, inf, nan: left to the script)."""
+    if type(value) is int:  # (a depth) all its digits, as 14 hold it: str is cheaper
+        return str(value) if -10**14 < value < 10**14 else None
     out = f"{value:.14g}"
     return None if "e" in out or "n" in out else out
 _STATUSES: dict[str | bytes, ConvStatus] = {
@@ -377,56 +370,56 @@ class ConversationStore:
         """One message's KEYS and ARGV in apply.lua's batch (the batcher adds the prefix):
         its key count, one JSON array (order documented there), its journal entry, no
         loop guard ("") and, for a message that opens a conversation, the record it
-        writes (``_new_record``)."""
+        writes (see below)."""
         at = time.time() if now is None else now
-        # The array written out by hand, each string as cjson writes it (the json module's
-        # own encoder: what _to_json makes of the list, at about half the cost, once per
-        # message; the record reuses the strings). The numbers are ints, whose repr is
-        # their JSON, and the time to the millisecond: ".3f" writes the digits round(at,
-        # 3) stands for, without making that float and then the shortest repr of it (two
-        # conversions each way).
-        q = _cjson_str
-        texts = (q(typ), q(sender), q(to), q(priority), q(task), q(excerpt), q(fp),
-                 q(origin.transport), q(origin.channel), q(origin.thread or ""),
-                 q(origin.native_id or ""), q(trace_id or ""))
-        t_typ, t_from, t_to, t_prio, t_task, t_exc, t_fp, t_tr, t_ch, t_th, t_nat, t_trace = texts
+        # The array written out by hand, each string through the json module's own
+        # encoder (what _to_json makes of the list, at about half the cost: once per
+        # message; the record below reuses the strings). The numbers are ints, whose repr
+        # is their JSON, and the time to the millisecond: ".3f" writes the digits
+        # round(at, 3) stands for, without making that float and then the shortest repr
+        # of it (two conversions each way).
+        q = _json_str
+        t_typ, t_from, t_to, t_prio, t_task, t_exc, t_fp = (
+            q(typ), q(sender), q(to), q(priority), q(task), q(excerpt), q(fp))
+        t_tr, t_ch, t_th, t_nat, t_trace = (
+            q(origin.transport), q(origin.channel), q(origin.thread or ""),
+            q(origin.native_id or ""), q(trace_id or ""))
         fk, tk = name_key(sender), name_key(to)
         t_fk, t_tk = q(fk), q(tk)
+        t_at = f"{at:.3f}"
         fields = (
             f"[{t_typ},{q(request_id)},{t_from},{t_to},{int(depth)},{int(max_depth)},"
-            f"{q(status)},{t_prio},{t_task},{t_exc},{t_fp},{at:.3f},"
+            f"{q(status)},{t_prio},{t_task},{t_exc},{t_fp},{t_at},"
             f"{t_tr},{t_ch},{t_th},{t_nat},{t_trace},{t_fk},{t_tk}]"
         )
         record = ""
         if typ in _OPENS:
-            # (at as the script reads it: the double of its millisecond digits)
-            record = self._new_record(typ, sender, to, fk, tk, int(depth), int(max_depth),
-                                      float(f"{at:.3f}"), texts, t_fk, t_tk)
+            # The record apply.lua's encode (common.lua) writes for a new conversation,
+            # byte for byte, so the script stores it instead of encoding one: the header,
+            # then the first event (its transport and native id "" as the header's, its
+            # time 0 since created); no parties beyond the requester and the assignee
+            # ({}); a name key equal to the name's ASCII lower case as "". Left to the
+            # script ("") when a number is not plain digits. The time is the double the
+            # script reads from the fields' millisecond digits.
+            created_at = float(t_at)
+            nums = (_cjson_num(int(depth)), _cjson_num(int(max_depth)), _cjson_num(created_at),
+                    _cjson_num(created_at + self._open_timeouts[typ]))
+            if None not in nums:
+                dc, dm, created, deadline = nums
+                st = '"done"' if typ == "BROADCAST" else '"open"'
+                k17 = '""' if sender.isascii() and fk == sender.lower() else t_fk
+                k18 = '""' if to.isascii() and tk == to.lower() else t_tk
+                record = (
+                    f"[{t_trace},{t_typ},{t_from},{t_to},{st},{dc},{dm},{t_prio},{t_task},"
+                    f"{created},{created},{deadline},{t_tr},{t_ch},{t_th},{t_nat},{k17},{k18},"
+                    f'{{}},1]\n[{t_typ},{t_from},{t_to},{dc},{dm},{st},"","",0,{t_exc},{t_fp}]\n'
+                )
+                # cjson escapes / and DEL, which the json module writes as they are (no
+                # other text of the record holds them).
+                if "/" in record or "\x7f" in record:
+                    record = record.replace("/", "\\/").replace("\x7f", "\\u007f")
         args: list[str | int | float] = [2, fields, journal, "", record]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
-
-    def _new_record(self, typ: str, sender: str, to: str, fk: str, tk: str, depth: int,
-                    max_depth: int, at: float, texts: tuple[str, ...], t_fk: str, t_tk: str
-                    ) -> str:
-        """The record apply.lua writes for a REQUEST or BROADCAST that opens its
-        conversation, byte for byte as its ``encode`` writes it (common.lua: header, then
-        the first event; the parties beyond requester and assignee, none, as ``{}``; times
-        since created), so the script stores it instead of encoding one; "" when a number
-        is not plain digits (the script then encodes it)."""
-        t_typ, t_from, t_to, t_prio, t_task, t_exc, t_fp, t_tr, t_ch, t_th, t_nat, t_trace = texts
-        nums = [_cjson_num(v) for v in (depth, max_depth, at, at + self._open_timeouts[typ])]
-        if None in nums:
-            return ""
-        dc, dm, now, deadline = nums
-        st = '"done"' if typ == "BROADCAST" else '"open"'
-        # A key equal to its name's ASCII lower case is stored as "" (short_key).
-        k17 = '""' if sender.isascii() and fk == sender.lower() else t_fk
-        k18 = '""' if to.isascii() and tk == to.lower() else t_tk
-        return (
-            f"[{t_trace},{t_typ},{t_from},{t_to},{st},{dc},{dm},{t_prio},{t_task},{now},{now},"
-            f"{deadline},{t_tr},{t_ch},{t_th},{t_nat},{k17},{k18},{{}},1]\n"
-            f'[{t_typ},{t_from},{t_to},{dc},{dm},{st},"","",0,{t_exc},{t_fp}]\n'
-        )
 
     def _too_long(self, msg: Message, problem: str) -> ApplyResult:
         typ = str(msg.type)
