@@ -50,7 +50,7 @@ for i = first, last do
              'discord', 'ops-room', '', '', rk, tk, {rk, tk}, 1}
   local ev = {'REQUEST', req, to, 1, 5, 'open', 'discord', '', now, ARGV[7],
               string.format('%016x', i)}
-  enter(id, h)
+  enter(id, 'REQUEST', 'open', now, deadline, rk, tk)
   redis.call('SET', P .. 'c:' .. id, encode(h, '', ev))
 end
 return last - first + 1

@@ -387,11 +387,6 @@ class ConversationStore:
         fk, tk = name_key(sender), name_key(to)
         t_fk, t_tk = q(fk), q(tk)
         t_at = f"{at:.3f}"
-        fields = (
-            f"[{t_typ},{q(request_id)},{t_from},{t_to},{int(depth)},{int(max_depth)},"
-            f"{q(status)},{t_prio},{t_task},{t_exc},{t_fp},{t_at},"
-            f"{t_tr},{t_ch},{t_th},{t_nat},{t_trace},{t_fk},{t_tk}]"
-        )
         record = ""
         if typ in _OPENS:
             # The record apply.lua's encode (common.lua) writes for a new conversation,
@@ -418,6 +413,15 @@ class ConversationStore:
                 # other text of the record holds them).
                 if "/" in record or "\x7f" in record:
                     record = record.replace("/", "\\/").replace("\x7f", "\\u007f")
+        if record:  # the script reads these fields only to encode a record (apply.lua)
+            t_status = t_prio = t_task = t_exc = t_trace = '""'
+        else:
+            t_status = q(status)
+        fields = (
+            f"[{t_typ},{q(request_id)},{t_from},{t_to},{int(depth)},{int(max_depth)},"
+            f"{t_status},{t_prio},{t_task},{t_exc},{t_fp},{t_at},"
+            f"{t_tr},{t_ch},{t_th},{t_nat},{t_trace},{t_fk},{t_tk}]"
+        )
         args: list[str | int | float] = [2, fields, journal, "", record]
         return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
 

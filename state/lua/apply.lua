@@ -6,8 +6,8 @@
 -- entry ("" = none), its loop guard ("" = none) and, for a REQUEST or BROADCAST, the
 -- record it opens its conversation with, as encode() writes it from those fields ("" =
 -- encode it here; the client writes it, which costs it less than encoding costs the
--- script); KEYS, message after message: the conversation key, the orphan key, then its
--- budget keys (below).
+-- script; fields 7-10 and 17, read only to encode a record, are then ""); KEYS, message
+-- after message: the conversation key, the orphan key, then its budget keys (below).
 -- Fields: 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
 --   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
 --   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
@@ -202,6 +202,12 @@ local function charge(guard, g, b, nb, now)
   end
 end
 
+-- The event message `a` (its fields) adds to its conversation, with status `st`
+-- (made only when a record is encoded here: a new record usually comes written).
+local function event(a, st)
+  return {a[1], a[3], a[4], a[5], a[6], st, a[13], a[16], a[12], a[10], a[11]}
+end
+
 -- The state machine proper for message `a` (its fields) with conversation key `key`,
 -- orphan key `okey`, journal entry `j` and new record `rec`: the checks and the
 -- transition (one return per outcome).
@@ -210,7 +216,6 @@ local function step(key, okey, a, j, rec)
   local fk = a[18]
   local dc, dm = a[5], a[6]
   local now = a[12]
-  local ev = {typ, from, to, dc, dm, '', a[13], a[16], now, a[10], a[11]}
   local opens = typ == 'REQUEST' or typ == 'BROADCAST'
   local blob
   if opens then
@@ -218,25 +223,27 @@ local function step(key, okey, a, j, rec)
     -- stored one for the checks below (duplicate, conflict), so a REQUEST costs no GET.
     local bc = typ == 'BROADCAST'
     local st = bc and 'done' or 'open'
-    local h = {a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now,
-               now + (bc and TIMEOUT_BROADCAST or TIMEOUT_REQUEST), a[13], a[14], a[15],
-               a[16], fk, a[19], (a[19] ~= fk and a[19] ~= 'all') and {fk, a[19]} or {fk},
-               1}
-    ev[6] = st
+    local deadline = now + (bc and TIMEOUT_BROADCAST or TIMEOUT_REQUEST)
+    local tk = a[19]
     local new = rec
-    if new == '' then new = encode(h, '', ev) end
+    if new == '' then
+      new = encode({a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now, deadline, a[13],
+                    a[14], a[15], a[16], fk, tk, (tk ~= fk and tk ~= 'all') and {fk, tk} or {fk},
+                    1}, '', event(a, st))
+    end
     -- An earlier message of this batch may have written or read the record already.
     blob = REC[key]
     if not blob then blob = redis.call('SET', key, new, 'NX', 'GET') end
     REC[key] = blob or new
     if not blob then
-      enter(id, h)
-      journal(h, j)
+      enter(id, typ, st, now, deadline, fk, tk)
+      journal(a, j)  -- (fields 13-16, the origin, are the new header's 13-16)
       return new
     end
   else
     blob = stored(key)
   end
+  local ev = event(a, '')
 
   if not blob then
     if typ == 'RESPONSE' then

@@ -25,6 +25,11 @@
 --   header's), 8 native id ('' in the first event = the header's), 9 time (see header
 --   20), 10 excerpt, 11 fingerprint (16 hex, "" for CANCEL/TIMEOUT)
 local P = ARGV[1]
+-- Keys every step writes, made once per run (each concatenation is a string to build and
+-- hash again): the deadlines, the load counters, the journal; status and party indices
+-- by status and by name key (see index()).
+local DUE, LD, JOURNAL = P .. 'due', P .. 'ld', P .. 'ob:j'
+local STATUS_KEYS, PARTY_KEYS = {}, {}
 local ACTIVE = {open = true, clarifying = true, handed_off = true}
 
 -- Call f with the items of list in slices (Lua's unpack takes a few thousand at most).
@@ -58,6 +63,16 @@ local function table_of(map, name, order)
     if order then order[#order + 1] = name end
   end
   return t
+end
+
+-- The key P .. prefix .. name, from `made` (a table by name) once made.
+local function index(made, prefix, name)
+  local key = made[name]
+  if not key then
+    key = P .. prefix .. name
+    made[name] = key
+  end
+  return key
 end
 
 -- Put `member` into the sorted set `key` with `score` (false: remove it).
@@ -240,20 +255,23 @@ local function encode(h, body, ev)
   return text
 end
 
--- Index a new conversation (header h of a REQUEST or BROADCAST).
-local function enter(id, h)
-  if h[2] ~= 'BROADCAST' then
-    zput(P .. 's:' .. h[5], id, h[10])
-    hincr(P .. 'ld', h[18], 1)
-    for _, key in ipairs(h[19]) do zput(P .. 'p:' .. key, id, h[10]) end
+-- Index a new conversation `id` of kind `kind` (REQUEST or BROADCAST) in status `st`,
+-- created at `created` with deadline `deadline`, from the agent with name key `fk` to the
+-- one with `tk` (its parties: both, or the first alone when they are one or `tk` is all).
+local function enter(id, kind, st, created, deadline, fk, tk)
+  if kind ~= 'BROADCAST' then
+    zput(index(STATUS_KEYS, 's:', st), id, created)
+    hincr(LD, tk, 1)
+    zput(index(PARTY_KEYS, 'p:', fk), id, created)
+    if tk ~= fk and tk ~= 'all' then zput(index(PARTY_KEYS, 'p:', tk), id, created) end
   end
-  zput(P .. 'due', id, h[12])
+  zput(DUE, id, deadline)
 end
 
 -- Make the agent with canonical key `key` a party of conversation `id` (header h):
 -- listed in h[19] and indexed under p:<key>, once. '' and 'all' are nobody.
 local function party(id, h, key)
-  if add_key(h[19], key) then zput(P .. 'p:' .. key, id, h[10]) end
+  if add_key(h[19], key) then zput(index(PARTY_KEYS, 'p:', key), id, h[10]) end
 end
 
 -- Re-index conversation `id` that was in status st0 owed by w0 and now has header h:
@@ -262,19 +280,19 @@ local function reindex(id, h, st0, w0, now)
   local st = h[5]
   local active = ACTIVE[st]
   if st ~= st0 then
-    zput(P .. 's:' .. st0, id, false)
-    zput(P .. 's:' .. st, id, active and h[10] or now)
+    zput(index(STATUS_KEYS, 's:', st0), id, false)
+    zput(index(STATUS_KEYS, 's:', st), id, active and h[10] or now)
   end
   if active then
     local who = owes_key(h)
     if who ~= w0 then
-      hincr(P .. 'ld', w0, -1)
-      hincr(P .. 'ld', who, 1)
+      hincr(LD, w0, -1)
+      hincr(LD, who, 1)
     end
-    zput(P .. 'due', id, h[12])
+    zput(DUE, id, h[12])
   else
-    hincr(P .. 'ld', w0, -1)
-    zput(P .. 'due', id, false)
+    hincr(LD, w0, -1)
+    zput(DUE, id, false)
   end
 end
 
@@ -310,7 +328,9 @@ end
 -- in the same atomic step as the state change (docs/gateway.md, "Outbox"). Each
 -- delivery d = {transport, channel, thread, recipient, reply_to}; one on the channel
 -- where conversation h started goes into its thread and replies to its first message.
--- h is nil for an orphan RESPONSE (no conversation: no placement).
+-- h is nil for an orphan RESPONSE (no conversation: no placement); only its fields 13-16
+-- (transport, channel, thread, native id) are read, which a message's fields hold at the
+-- same places (apply.lua passes those for a new conversation).
 -- Whether journal entry j may hold a delivery on transport t, channel c: false only when
 -- its delivery list (the text between '"d":[' and '],"s":', which can only be the keys
 -- themselves: inside a JSON string every quote is escaped) has no array starting with
@@ -341,7 +361,7 @@ local function journal(h, j)
     end
     if moved then j = cjson.encode(e) end
   end
-  redis.call('XADD', P .. 'ob:j', '*', 'm', j)
+  redis.call('XADD', JOURNAL, '*', 'm', j)
 end
 
 -- Append item to the list groups[name] (created on first use).
