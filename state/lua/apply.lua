@@ -367,7 +367,10 @@ local function apply_one(f, count, a, j, g, rec)
     return {'loop', '', false, false, guard.refused[1], math.ceil(guard.refused[2] * 1000)}
   end
   local result = step(key, okey, a, j, rec)
-  if guard and result[1] ~= 'duplicate' then charge(guard, decoded, b, nb, now) end
+  -- (A new conversation's reply is its record, not a table: it was applied.)
+  if guard and (type(result) ~= 'table' or result[1] ~= 'duplicate') then
+    charge(guard, decoded, b, nb, now)
+  end
   return result
 end
 
