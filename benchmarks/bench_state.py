@@ -53,6 +53,7 @@ for i = first, last do
   enter(id, 'REQUEST', 'open', now, deadline, rk, tk)
   redis.call('SET', P .. 'c:' .. id, encode(h, '', ev))
 end
+flush_indices()
 return last - first + 1
 """
 
