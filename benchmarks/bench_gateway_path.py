@@ -37,9 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_e2e import RECIPIENT, Load, private_valkey, write_config
+from bench_e2e import RECIPIENT, Load, write_config
 
-from _common import emit, free_port, repo_on_path
+from _common import emit, free_port, private_valkey, repo_on_path
 
 REPO = repo_on_path()
 

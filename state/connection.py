@@ -292,6 +292,10 @@ def _remembered_port(port_file: Path) -> int | None:
     return port if 0 < port < 65536 else None
 
 
+EMBEDDED_CONFIG = {"appendonly": "yes", "appendfsync": "everysec", "save": ""}
+"""The embedded Valkey's persistence: an append-only file written out every second."""
+
+
 def _start_embedded(data_dir: Path) -> tuple[str, Any]:
     """Start (or find already running) the private Valkey of ``data_dir``.
 
@@ -306,7 +310,7 @@ def _start_embedded(data_dir: Path) -> tuple[str, Any]:
     port = _remembered_port(port_file)
     if port is not None and _serves_folder(port, folder):
         return f"redis://127.0.0.1:{port}", None
-    config = {"appendonly": "yes", "appendfsync": "everysec", "save": ""}
+    config = EMBEDDED_CONFIG
     try:
         server = ValkeyServer(port=port, data_dir=folder, persist=True, config=config)
         server.start(timeout=20)
