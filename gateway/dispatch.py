@@ -342,13 +342,9 @@ class Dispatcher:
         """Deliver journal entries ``ids`` (their items by destination), record what was
         sent and acknowledge the entries."""
         writes: _Writes = []
-        if len(groups) == 1:  # (one destination, as a busy inbox's batch: no task to run it in)
-            [(dest, items)] = groups.items()
-            await self._to_dest(dest, items, replay, writes)
-        else:
-            await asyncio.gather(
-                *(self._to_dest(dest, items, replay, writes) for dest, items in groups.items())
-            )
+        await asyncio.gather(
+            *(self._to_dest(dest, items, replay, writes) for dest, items in groups.items())
+        )
         journal = self._keys.journal
         await self._acks.pipelined([*writes, ("XACK", journal, GROUP, *ids),
                                     ("XDEL", journal, *ids)])
