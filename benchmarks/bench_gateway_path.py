@@ -19,6 +19,12 @@ same from run to run, so instruction counts are repeatable (to about 1%):
     # interpreter itself, not a shell shim such as pyenv's: valgrind does not follow
     # what a traced process execs.)
 
+``--valkey-callgrind OUT`` runs the private Valkey under callgrind instead (dumps
+OUT.N) and reports Valkey's instructions per message over the measured messages (every
+command of the path: apply, the outbox's stream reads, delivery, polls, blocking reads,
+the AOF), less what Valkey spends in the same wall time with the gateway idle (its cron,
+the gateway's timers), measured just before for ``--idle`` seconds.
+
 Without valgrind it reports the gateway process's CPU µs per message (its own counters,
 over the measured messages after ``--warmup``; noisy on a busy VM), and ``--cprofile
 FILE`` writes a profile of the measured messages.
@@ -35,11 +41,12 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from bench_e2e import RECIPIENT, Load, write_config
 
-from _common import emit, free_port, private_valkey, repo_on_path
+from _common import Callgrind, emit, free_port, private_valkey, repo_on_path
 
 REPO = repo_on_path()
 
@@ -128,7 +135,7 @@ def _client(port: int, tokens: dict[str, str], first: int, messages: int,
 
 
 async def _serve(args: argparse.Namespace, config_path: Path, port: int,
-                 tokens: dict[str, str]) -> int:
+                 tokens: dict[str, str], grind: Callgrind | None) -> int:
     gateway = Gateway(load_config(config_path))
     await gateway.start()
     try:
@@ -136,6 +143,12 @@ async def _serve(args: argparse.Namespace, config_path: Path, port: int,
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         if args.warmup and await _client(port, tokens, 0, args.warmup, args.batch):
             raise RuntimeError("the load generator failed in the warm-up")
+        idle_rate = 0.0
+        if grind is not None:
+            grind.zero()
+            await asyncio.sleep(args.idle)
+            idle_rate = grind.instructions() / args.idle
+            grind.zero()
         profile = cProfile.Profile() if args.cprofile else None
         cpu0, wall0 = time.process_time(), time.perf_counter()
         if profile is not None:
@@ -147,6 +160,15 @@ async def _serve(args: argparse.Namespace, config_path: Path, port: int,
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         if code:
             raise RuntimeError("the load generator failed")
+        if grind is not None:
+            executed = grind.instructions()
+            emit("gateway_path_valkey_instructions_per_message",
+                 (executed - idle_rate * wall) / args.messages, "instructions",
+                 messages=args.messages, batch=args.batch, seconds=round(wall, 2),
+                 raw=round(executed / args.messages),
+                 idle_per_second=round(idle_rate),
+                 note="Valkey under callgrind over the measured messages, less its idle "
+                 "rate over the same wall time, / messages")
         emit("gateway_path_cpu_per_message", 1e6 * cpu / args.messages, "us",
              messages=args.messages, batch=args.batch, seconds=round(wall, 2),
              note="CPU of the gateway process (without the load generator and Valkey) "
@@ -168,17 +190,30 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=256, help="messages before them")
     parser.add_argument("--batch", type=int, default=32, help="concurrent POSTs")
     parser.add_argument("--cprofile", metavar="FILE", help="profile the measured messages")
+    parser.add_argument("--valkey-callgrind", metavar="OUT",
+                        help="run Valkey under callgrind (dumps OUT.N) and report its "
+                        "instructions per message")
+    parser.add_argument("--idle", type=float, default=5.0,
+                        help="seconds of idle Valkey measured with --valkey-callgrind")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bpgw-bench-path-") as folder:
         tmp = Path(folder)
         tokens = {name: f"tok-{name}-{os.urandom(8).hex()}" for name in [*SENDERS, RECIPIENT]}
         port = free_port()
-        with private_valkey(tmp) as valkey:
+        grind = None
+        with ExitStack() as stack:
+            if args.valkey_callgrind:
+                grind = Callgrind(tmp, Path(args.valkey_callgrind).resolve())
+                stack.callback(grind.stop)
+                asyncio.run(grind.ready())
+                valkey_port = grind.port
+            else:
+                valkey_port = stack.enter_context(private_valkey(tmp)).port
             config = tmp / "gateway.toml"
             write_config(config, data_dir=tmp / "data", redis_url=f"redis://127.0.0.1:"
-                         f"{valkey.port}", namespace="path", port=port, tokens=tokens)
+                         f"{valkey_port}", namespace="path", port=port, tokens=tokens)
             configure_logging("WARNING", "json")
-            return _run_loop(_serve(args, config, port, tokens))
+            return _run_loop(_serve(args, config, port, tokens, grind))
 
 
 if __name__ == "__main__":
