@@ -1,14 +1,17 @@
 """The outbox dispatcher: journal -> per-destination delivery, retries, dead letters.
 
 One replica at a time dispatches (a lease in Redis, taken over within ``lease_seconds``
-of its holder dying). It reads the journal through a consumer group, so entries it read
-but did not finish stay pending and are replayed: by itself after a restart, or by the
-next holder (XAUTOCLAIM). Each destination (``transport:channel``, or an agent's inbox)
-is delivered in journal order: while a destination has a retry queue, new messages for it
-join the queue behind the failed one, so order per conversation holds. A delivery that
-fails is retried with exponential backoff and jitter (honouring a platform's
-``retry_after``); after ``max_attempts`` it is dead-lettered: kept, counted, listable and
-re-sendable (``bpgw outbox``), and the sender is told.
+of its holder dying). It reads the journal through a consumer group without its pending
+list (NOACK: Redis would record, and write to the append-only file, an XCLAIM per entry
+read): an entry is deleted once dispatched, so every entry still in the journal up to the
+group's last read id was read and not finished, and is replayed by the next holder (or by
+itself after a restart) before it reads new ones. Each destination
+(``transport:channel``, or an agent's inbox) is delivered in journal order: while a
+destination has a retry queue, new messages for it join the queue behind the failed one,
+so order per conversation holds. A delivery that fails is retried with exponential
+backoff and jitter (honouring a platform's ``retry_after``); after ``max_attempts`` it is
+dead-lettered: kept, counted, listable and re-sendable (``bpgw outbox``), and the sender
+is told.
 
 Once-only delivery per (message, destination): inbox transports refuse a journal id they
 have already taken (adapters/http/inbox.py); for other transports the dispatcher checks
@@ -190,7 +193,7 @@ class Dispatcher:
                     await self._take_over()
                 resp: Any = await self._journal_reader.xreadgroup(
                     GROUP, self.replica, {self._keys.journal: ">"},
-                    count=self._s.batch, block=BLOCK_MS,
+                    count=self._s.batch, block=BLOCK_MS, noack=True,
                 )
                 if resp:
                     await self._dispatch(resp[0][1], replay=False)
@@ -229,31 +232,29 @@ class Dispatcher:
                 log.warning("could not renew the dispatch lease: %s", exc)
 
     async def _take_over(self) -> None:
-        """Became the dispatcher: claim what a dead one left, replay our pending entries."""
+        """Became the dispatcher: replay what was read and not finished (by a dead
+        holder, or by this replica before a restart): the journal's entries up to the
+        group's last read id."""
         self._holding = True
         if self._keepalive is None or self._keepalive.done():
             self._keepalive = asyncio.create_task(self._keep_lease())
         log.info("this replica dispatches the outbox", extra={"reason": self.replica})
         journal = self._keys.journal
-        cursor = "0-0"
+        try:
+            groups: Any = await self._redis.xinfo_groups(journal)
+        except ResponseError as exc:
+            if "no such key" not in str(exc).lower():
+                raise
+            groups = []  # no journal: nothing read (the next read creates the group)
+        end = next((str(g["last-delivered-id"]) for g in groups if str(g["name"]) == GROUP),
+                   "0-0")
+        start = "-"
         while True:
-            res: Any = await self._redis.xautoclaim(
-                journal, GROUP, self.replica, min_idle_time=0, start_id=cursor,
-                count=self._s.batch,
-            )
-            cursor = str(res[0])
-            if cursor == "0-0":
-                break
-        last = "0"
-        while True:
-            resp: Any = await self._redis.xreadgroup(
-                GROUP, self.replica, {journal: last}, count=self._s.batch
-            )
-            entries = resp[0][1] if resp else []
+            entries: Any = await self._redis.xrange(journal, start, end, count=self._s.batch)
             if not entries:
                 break
             await self._dispatch(entries, replay=True)
-            last = str(entries[-1][0])
+            start = "(" + str(entries[-1][0])
         await self._outbox.take_over_stats()
         await self._resume([str(d) for d in await self._redis.smembers(self._keys.dests)])
 
@@ -346,8 +347,9 @@ class Dispatcher:
             *(self._to_dest(dest, items, replay, writes) for dest, items in groups.items())
         )
         journal = self._keys.journal
-        await self._acks.pipelined([*writes, ("XACK", journal, GROUP, *ids),
-                                    ("XDEL", journal, *ids)])
+        # (A replayed entry may be pending from a version that read with a pending list.)
+        ack = [("XACK", journal, GROUP, *ids)] if replay else []
+        await self._acks.pipelined([*writes, *ack, ("XDEL", journal, *ids)])
         async with self._progress:
             self._done_id = max(self._done_id, _id_key(ids[-1]))
             self._progress.notify_all()

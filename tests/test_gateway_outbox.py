@@ -290,6 +290,33 @@ async def test_relays_commit_with_the_state_change(cfg, redis_client) -> None:
         assert b'["chat","main","th-1","Lotbot","n-1"]' in rows[0][1][b"m"]
 
 
+async def test_entries_read_and_not_finished_are_dispatched_by_the_next_holder(
+    cfg, redis_client
+) -> None:
+    """The journal is read without a pending list: what a dead holder read but did not
+    finish is the journal up to the group's last read id, which the next holder
+    dispatches (an entry left pending by an earlier version too, and acknowledged)."""
+    config = _config(cfg)
+    keys = OutboxKeys(cfg[1])
+    async with running(config) as gw:
+        await gw.stop()  # the group exists; no dispatcher from here on
+        for task in ("read, then the holder died", "pending from an earlier version",
+                     "never read"):
+            entry = journal_entry(task, OutboundKind.PROTOCOL,
+                                  [("far", "mantis-room", "", "Mantis", "")])
+            await redis_client.xadd(keys.journal, {"m": entry})
+        await redis_client.xreadgroup("dispatch", "dead", {keys.journal: ">"}, count=1,
+                                      noack=True)
+        await redis_client.xreadgroup("dispatch", "old", {keys.journal: ">"}, count=1)
+    async with running(config) as again:
+        await again.drain()
+        await _until(lambda: len(_far(again).sent) == 3)
+        assert [m.text for m in _far(again).sent] == [
+            "read, then the holder died", "pending from an earlier version", "never read"]
+    assert await redis_client.xlen(keys.journal) == 0
+    assert (await redis_client.xpending(keys.journal, "dispatch"))["pending"] == 0
+
+
 @pytest.mark.parametrize(
     ("channel", "elsewhere"),
     [("main", False), ("main", True), ("a/b \"q\"", False), ("a/b", True)],
