@@ -60,8 +60,9 @@ end
 """
 
 # KEYS stream, meta. ARGV max count, max bytes, then (journal id, size, body) per message.
-# Returns one {status, id} per message handled: ok (stored), dup (journal id already
-# taken), full (stops there: later messages must not overtake it).
+# Returns status, id per message handled, in one flat list (a table per message is a
+# reply to convert per message): ok (stored), dup (journal id already taken), full (stops
+# there: later messages must not overtake it).
 _DELIVER = _NEWER + """
 local s, m = KEYS[1], KEYS[2]
 local maxn, maxb = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -76,20 +77,23 @@ for i = 3, #ARGV, 3 do
   local jm, js = 0, 0
   if jid ~= '' then jm, js = parse(jid) end
   if jid ~= '' and not (jm > lm or (jm == lm and js > ls)) then
-    out[#out + 1] = {'dup', jid}
+    out[#out + 1] = 'dup'
+    out[#out + 1] = jid
   elseif n + 1 > maxn then
-    out[#out + 1] = {'full', 'it holds ' .. n .. ' messages (inbox_max ' .. maxn .. ')'}
+    out[#out + 1] = 'full'
+    out[#out + 1] = 'it holds ' .. n .. ' messages (inbox_max ' .. maxn .. ')'
     break
   elseif total - acked + size > maxb then
-    out[#out + 1] = {'full', 'it holds ' .. (total - acked) .. ' bytes (inbox_max_bytes ' ..
-                    maxb .. ')'}
+    out[#out + 1] = 'full'
+    out[#out + 1] = 'it holds ' .. (total - acked) .. ' bytes (inbox_max_bytes ' .. maxb .. ')'
     break
   else
     total = total + size
     last = redis.call('XADD', s, '*', 'o', total, 'b', body)
     n = n + 1
     if jid ~= '' then lj, lm, ls = jid, jm, js end
-    out[#out + 1] = {'ok', last}
+    out[#out + 1] = 'ok'
+    out[#out + 1] = last
   end
 end
 if last then redis.call('HSET', m, 'in', total, 'lj', lj, 'last', last, 'n', n) end
@@ -97,7 +101,9 @@ return out
 """
 
 # KEYS stream, meta. ARGV now, visibility seconds, count, ack id ("" = none).
-# Returns {entries, id to block after, seconds the in-flight messages stay invisible}.
+# Returns {entries, id to block after, seconds the in-flight messages stay invisible};
+# entries flat: id, body (false when the entry has none) of each, no table per entry
+# (each is a reply to convert, with the entry's fields, which the reader does not need).
 # The batches handed out and not acknowledged are kept oldest first in ``bt`` (end id and
 # deadline of each, at most MAX_BATCHES): an ack may only trim within the oldest one, so
 # acknowledging a later batch never removes an earlier one whose answer was lost; when the
@@ -166,7 +172,20 @@ if bt ~= (st[6] or '') then
   set[#set + 1] = bt
 end
 if #set > 0 then redis.call('HSET', m, unpack(set)) end
-if #rows > 0 then return {rows, '', '0'} end
+if #rows > 0 then
+  local flat = {}
+  for i, row in ipairs(rows) do
+    local f = row[2]
+    local b = f[3] == 'b' and f[4]  -- as _DELIVER writes an entry: o, offset, b, body
+    if not b then
+      b = false
+      for k = 1, #f, 2 do if f[k] == 'b' then b = f[k + 1] end end
+    end
+    flat[2 * i - 1] = row[1]
+    flat[2 * i] = b
+  end
+  return {flat, '', '0'}
+end
 -- as text: Redis would truncate a Lua number reply to an integer
 if inflight then return {rows, full and last or out, tostring(batches[1][2] - now)} end
 return {rows, last, '0'}
@@ -285,8 +304,8 @@ class Inboxes:
                 replies = await self._deliver(
                     keys=self._keys(owner), args=[self.max_count, self.max_bytes, *args]
                 )
-                for status, value in replies:
-                    reply = _text(status), _text(value)
+                for i in range(0, len(replies), 2):
+                    reply = _text(replies[i]), _text(replies[i + 1])
                     if reply[0] == "full":
                         out.append(("full", f"inbox of {owner} is full: {reply[1]}; the "
                                     "agent is not reading or acknowledging it"))
@@ -319,7 +338,8 @@ class Inboxes:
             )
             ack = None
             if rows:
-                return [entry_json(_text(i), _body(f)) for i, f in rows]
+                return [entry_json(_text(rows[i]), _body(rows[i + 1]))
+                        for i in range(0, len(rows), 2)]
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
@@ -387,12 +407,7 @@ def _read_ended(woken: asyncio.Future[None], task: asyncio.Task[Any]) -> None:
         woken.set_result(None)
 
 
-def _body(fields: Any) -> str:
-    if type(fields) is list and len(fields) == 4 and fields[2] == "b":
-        return _text(fields[3])  # as _DELIVER writes an entry: o, offset, b, body
-    flat = list(fields) if not isinstance(fields, dict) else [
-        x for kv in fields.items() for x in kv]
-    for i in range(0, len(flat), 2):
-        if _text(flat[i]) == "b":
-            return _text(flat[i + 1])
-    raise ValueError("inbox entry without a body")
+def _body(raw: Any) -> str:
+    if not isinstance(raw, str | bytes):  # the script's false: no body field
+        raise ValueError("inbox entry without a body")
+    return _text(raw)
