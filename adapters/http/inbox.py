@@ -43,17 +43,23 @@ from protocol.names import name_key
 from state.batching import ScriptBatcher
 from state.connection import blocking_client
 
-ACK_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-"""The form of a message id (a Redis stream id)."""
+ACK_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
+"""The form of a message id (a Redis stream id: ASCII digits, as the scripts read it)."""
 PUT_BATCH_BYTES = 1 << 20
 """Message bytes one delivery script call carries at most (a batch is split beyond it)."""
 
+# Whether stream id a (digits "-" digits: Redis's, or a checked ACK_ID) comes after b.
+# Two of one length with the "-" at one place compare as text (digit strings of one
+# length order as their numbers), which costs a fifth of converting them to numbers.
 _NEWER = """
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms or 0), tonumber(seq or 0)
 end
 local function newer(a, b)
+  if #a == #b and string.find(a, '-', 1, true) == string.find(b, '-', 1, true) then
+    return a > b
+  end
   local am, as = parse(a)
   local bm, bs = parse(b)
   return am > bm or (am == bm and as > bs)
@@ -74,14 +80,10 @@ local st = redis.call('HMGET', m, 'in', 'ack', 'lj', 'n')
 local total, acked, lj = tonumber(st[1] or 0), tonumber(st[2] or 0), st[3] or '0-0'
 local n = tonumber(st[4] or redis.call('XLEN', s))
 local out, last = {}, nil
--- Each id parsed once: the last one taken here, each message's as it comes.
-local lm, ls = parse(lj)
 for i = 3, #ARGV, 2 do
   local jid, body = ARGV[i], ARGV[i + 1]
   local size = #body
-  local jm, js = 0, 0
-  if jid ~= '' then jm, js = parse(jid) end
-  if jid ~= '' and not (jm > lm or (jm == lm and js > ls)) then
+  if jid ~= '' and not newer(jid, lj) then
     out[#out + 1] = 'dup'
     out[#out + 1] = jid
   elseif n + 1 > maxn then
@@ -96,7 +98,7 @@ for i = 3, #ARGV, 2 do
     total = total + size
     last = redis.call('XADD', s, '*', total, body)
     n = n + 1
-    if jid ~= '' then lj, lm, ls = jid, jm, js end
+    if jid ~= '' then lj = jid end
     out[#out + 1] = 'ok'
     out[#out + 1] = last
   end
