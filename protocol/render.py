@@ -18,6 +18,10 @@ from protocol.text import escape_fences, normalize_newlines
 
 def render_field(key: str, value: str) -> str:
     """One ``Key: value`` line (plus continuation lines) with fences escaped."""
+    # The usual value (a name, an id, a one-line task) in one C scan: a printable text
+    # holds no line break of any kind, so there is nothing to normalise or indent.
+    if value.isprintable() and "`" not in value:
+        return f"{key}: {value}"
     value = normalize_newlines(value)  # (values from the models are normalised already)
     if "`" in value or "\n" in value:  # (two memchr scans; most values have neither)
         value = escape_fences(value)
