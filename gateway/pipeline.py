@@ -35,6 +35,7 @@ from protocol import (
     Message,
     MessageType,
     Status,
+    addresses_everyone,
     build_response,
     fingerprint_and_render,
     name_key,
@@ -284,8 +285,12 @@ class Pipeline:
                               address: Address) -> Disposition:
         """One message of ``env`` (which came from ``origin``, seen at ``address``)."""
         identity = env.identity
+        # The fields straight from the instance dict: each attribute of a model goes
+        # through pydantic's __getattr__ hook (a few hundred instructions, see _message_call).
+        fields = msg.__dict__
         rejection = await self._authenticate(msg, identity, address)
-        if rejection is None and msg.type in DEPTH_BOUNDED_TYPES and msg.depth.at_limit:
+        if (rejection is None and fields["type"] in DEPTH_BOUNDED_TYPES
+                and fields["depth"].at_limit):
             rejection = _Rejection(
                 "depth",
                 f"{msg.type} at depth {msg.depth} is over the limit: at current == max only "
@@ -308,7 +313,7 @@ class Pipeline:
             self._entry(msg, targets, sender_at=address, text=rendered) if targets else ""
         )
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
-        budget = self._budget.budget(msg.sender, msg.to, identity)
+        budget = self._budget.budget(fields["sender"], fields["to"], identity)
         applied = await self._store.apply(
             msg, origin, fingerprint=fp, journal=entry, budget=budget
         )
@@ -366,7 +371,7 @@ class Pipeline:
         return _make_disposition(
             outcome="accepted",
             detail=f"{detail}; queued for delivery to {len(targets)} address(es)",
-            request_ids=(msg.request_id,),
+            request_ids=(fields["request_id"],),
             warnings=tuple(warnings),
         )
 
@@ -423,32 +428,35 @@ class Pipeline:
         # (Each look-up is awaited only when the directory's memory can not answer it:
         # a coroutine made and run per message for nothing costs more than the check.)
         directory = self._directory
-        known, key = directory.known_public_key(msg.sender)
+        fields = msg.__dict__  # (no attribute hook per field: see _handle_message)
+        sender = fields["sender"]
+        known, key = directory.known_public_key(sender)
         if not known:
-            key = await directory.public_key(msg.sender)
+            key = await directory.public_key(sender)
         if key is not None:
-            if msg.signature is None:
+            if fields["signature"] is None:
                 return _Rejection(
-                    "signature", f"@{msg.sender} must sign its messages (Signature field missing)"
+                    "signature", f"@{sender} must sign its messages (Signature field missing)"
                 )
             problem = signature_problem(msg, key)
             if problem is not None:
                 return _Rejection(
-                    "signature", f"the Signature does not verify for @{msg.sender}: {problem}"
+                    "signature", f"the Signature does not verify for @{sender}: {problem}"
                 )
-        if msg.type in _OPENERS:
-            known, owner = directory.known_request_id_owner(msg.request_id, msg.sender)
+        if fields["type"] in _OPENERS:
+            request_id = fields["request_id"]
+            known, owner = directory.known_request_id_owner(request_id, sender)
             if not known:
-                owner = await directory.request_id_owner(msg.request_id, msg.sender)
+                owner = await directory.request_id_owner(request_id, sender)
             if owner is not None:
                 return _Rejection(
                     "request_id",
-                    f"RequestId {msg.request_id} has the form <agent>-<suffix> of @{owner}; "
+                    f"RequestId {request_id} has the form <agent>-<suffix> of @{owner}; "
                     f"only @{owner} may open it. Use a RequestId of your own, like "
-                    f"{new_request_id(msg.sender)}",
+                    f"{new_request_id(sender)}",
                 )
-        check = directory.fixed_check(msg.sender, identity) or await directory.check_sender(
-            msg.sender, identity, address
+        check = directory.fixed_check(sender, identity) or await directory.check_sender(
+            sender, identity, address
         )
         if not check.ok:
             return _identity_rejection(check, msg, identity)
@@ -525,16 +533,17 @@ class Pipeline:
     ) -> list[tuple[Address, str | None]]:
         """Where ``msg`` must be delivered, with the agent each address is for."""
         wanted: list[tuple[Address, str | None]] = []
-        if msg.is_broadcast:
+        to = msg.__dict__["to"]  # (no attribute hook per field: see _handle_message)
+        if addresses_everyone(to):
             sender = name_key(msg.sender)
             for address, name in await self._directory.broadcast_targets():
                 if name_key(name) != sender:
                     wanted.append((address, name))
         else:
             # Delivered under the name as its agent writes it (@mantis reaches Mantis).
-            declared = self._directory.declared_addresses(msg.to)
+            declared = self._directory.declared_addresses(to)
             wanted.extend(declared if declared is not None
-                          else await self._directory.addresses(msg.to))
+                          else await self._directory.addresses(to))
         wanted.extend(self._mirrors)
         out: list[tuple[Address, str | None]] = []
         seen: set[tuple[str, str]] = set()
@@ -574,12 +583,13 @@ class Pipeline:
             )
             for a, recipient in targets
         ]
+        fields = msg.__dict__  # (no attribute hook per field: see _handle_message)
         return journal_entry(
             render(msg) if text is None else text,
             OutboundKind.PROTOCOL,
             deliveries,
-            request_id=msg.request_id,
-            trace_id=msg.trace_id,
+            request_id=fields["request_id"],
+            trace_id=fields["trace_id"],
             sender_at=sender_at,
         )
 

@@ -38,6 +38,7 @@ from protocol.models import (
     Request,
     Response,
     Status,
+    addresses_everyone,
     check_request_id,
 )
 from protocol.names import check_name, name_key, skeleton
@@ -76,6 +77,7 @@ __all__ = [
     "Request",
     "Response",
     "Status",
+    "addresses_everyone",
     "answer_clarify",
     "build_broadcast",
     "build_clarify",

@@ -8,6 +8,7 @@ signed again (by any key), has one fingerprint; any change to a field gives anot
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from protocol.models import Message, MessageBase
 from protocol.render import fence, render_body
@@ -15,7 +16,7 @@ from protocol.render import fence, render_body
 
 def fingerprint(msg: Message | MessageBase) -> str:
     """64 hex digits identifying ``msg`` independently of transport and signature."""
-    return _of_unsigned(msg, render_body(msg, signature=False, key_id=False))
+    return _of_unsigned(msg.__dict__, render_body(msg, signature=False, key_id=False))
 
 
 def fingerprint_and_render(msg: Message | MessageBase) -> tuple[str, str]:
@@ -24,17 +25,18 @@ def fingerprint_and_render(msg: Message | MessageBase) -> tuple[str, str]:
     unsigned = render_body(msg, signature=False, key_id=False)
     fields = msg.__dict__
     if fields["key_id"] is None and fields["signature"] is None:
-        return _of_unsigned(msg, unsigned), fence(unsigned)
-    return _of_unsigned(msg, unsigned), fence(render_body(msg))
+        return _of_unsigned(fields, unsigned), fence(unsigned)
+    return _of_unsigned(fields, unsigned), fence(render_body(msg))
 
 
-def _of_unsigned(msg: Message | MessageBase, unsigned: str) -> str:
-    """The fingerprint of ``msg`` from its rendering without KeyId and Signature."""
+def _of_unsigned(fields: dict[str, Any], unsigned: str) -> str:
+    """The fingerprint of the message whose fields (its instance dict: no pydantic
+    attribute hook per field) are ``fields``, from its rendering without KeyId and
+    Signature."""
     content = hashlib.sha256(unsigned.encode("utf-8", "surrogatepass")).hexdigest()
-    fields = msg.__dict__  # (str() of a StrEnum is its value, as str() of a Depth is c/m)
-    depth = fields["depth"]
+    depth = fields["depth"].__dict__  # (str() of a StrEnum is its value)
     identity = (
         f"{fields['type']!s}\n{fields['request_id']}\n{fields['sender']}\n"
-        f"{depth.current}/{depth.max}\n{content}"
+        f"{depth['current']}/{depth['max']}\n{content}"
     )
     return hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()

@@ -81,7 +81,8 @@ class Depth(BaseModel):
     @property
     def at_limit(self) -> bool:
         """True when only a RESPONSE may follow."""
-        return self.current >= self.max
+        depth = self.__dict__  # (one pass through pydantic's __getattr__ hook, not two)
+        return depth["current"] >= depth["max"]  # type: ignore[no-any-return]
 
     def next(self) -> Depth:
         """The depth a reply carries; raises ValueError past the limit."""
@@ -161,6 +162,12 @@ def checked_constructor(cls: type[_M]) -> Callable[[dict[str, Any]], _M]:
 _M = TypeVar("_M", bound=BaseModel)
 
 
+def addresses_everyone(to: str) -> bool:
+    """Whether a message to ``to`` (its recipient, without the ``@``) is for every agent
+    (``@all``): ``is_broadcast`` of a message, for code that has the name already."""
+    return to.lower() == "all"
+
+
 class MessageBase(BaseModel):
     """Fields every message type carries."""
 
@@ -226,7 +233,7 @@ class MessageBase(BaseModel):
     @property
     def is_broadcast(self) -> bool:
         """True when addressed to every agent (``@all``)."""
-        return self.to.lower() == "all"
+        return addresses_everyone(self.to)
 
 
 class Request(MessageBase):

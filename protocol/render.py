@@ -56,8 +56,8 @@ def render_body(
         value = fields[attribute]
         if value is not None:
             lines.append(render_field(key, str(value)))
-    depth = fields["depth"]
-    lines.append(f"Depth: {depth.current}/{depth.max}")
+    depth = fields["depth"].__dict__
+    lines.append(f"Depth: {depth['current']}/{depth['max']}")
     if type_name in PRIORITY_TYPES:
         lines.append(f"Priority: {fields['priority']!s}")
     if fields["trace_id"] is not None:

@@ -26,6 +26,7 @@ from protocol.models import (
     Handoff,
     Message,
     MessageBase,
+    MessageType,
     Request,
     Response,
 )
@@ -137,13 +138,16 @@ def _log_extra(request_id: str, trace_id: str | None, outcome: Outcome, typ: str
             "message_type": typ}
 
 
-def _message_text(msg: MessageBase) -> tuple[str, str, str]:
-    """(task summary, history excerpt, priority) of one message."""
+def _message_text(msg: MessageBase, fields: dict[str, Any]) -> tuple[str, str, str]:
+    """(task summary, history excerpt, priority) of one message, whose instance dict is
+    ``fields`` (the hot case reads them without pydantic's attribute hook, see
+    _message_call)."""
     if isinstance(msg, Request | Handoff):
-        fields = msg.__dict__  # (the hot case: no pydantic attribute hook, see _message_call)
         task = " ".join(fields["task"].split())  # collapsed once for summary and excerpt
-        if isinstance(msg, Handoff) and msg.reason:
-            excerpt = _clip(f"{msg.task} ({msg.reason})", EXCERPT_CHARS)
+        # (the type field, not isinstance: a failed isinstance asks the model's __class__
+        # through the hook, then the metaclass's ABC check)
+        if fields["type"] == MessageType.HANDOFF and fields["reason"]:
+            excerpt = _clip(f"{fields['task']} ({fields['reason']})", EXCERPT_CHARS)
         else:
             excerpt = _cut(task, EXCERPT_CHARS)
         return _cut(task, TASK_CHARS), excerpt, str(fields["priority"])
@@ -307,7 +311,8 @@ class ConversationStore:
             keys += [self.keys.budget(n) for n in budget.names]
             args[0] = len(keys)
             args[3] = _guard_json(budget.limit, budget.window, budget.cooldown)
-        return self._result(msg.request_id, msg.trace_id, str(msg.type),
+        fields = msg.__dict__  # (no attribute hook per field: see _message_call)
+        return self._result(fields["request_id"], fields["trace_id"], str(fields["type"]),
                             await self._apply_one(keys=keys, args=args))
 
     async def apply_many(self, msgs: Sequence[Message], origin: Origin, *,
@@ -350,11 +355,11 @@ class ConversationStore:
 
     def _message_call(self, msg: Message, origin: Origin, now: float | None,
                       fp: str | None = None, journal: str = "") -> _Call:
-        task, excerpt, priority = _message_text(msg)
         # The values straight from the instance dict, as render does: a model's attribute
         # goes through pydantic's __getattr__ hook (a few hundred instructions each).
         fields = msg.__dict__
-        status = fields["status"] if isinstance(msg, Response) else None
+        task, excerpt, priority = _message_text(msg, fields)
+        status = fields.get("status")  # (a RESPONSE's: no other type has the field)
         depth = fields["depth"].__dict__
         return self._call(
             str(fields["type"]), fields["request_id"], fields["sender"], fields["to"],

@@ -209,6 +209,10 @@ class HttpAdapter(Adapter):
     def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(name)
         self.settings = load_options(HttpSettings, name, options)
+        # Asked for every post: read out of the (frozen) settings once, not through two
+        # pydantic attribute hooks (a few hundred instructions each) every time.
+        self._max_body_bytes = self.settings.max_body_bytes
+        self._body_timeout_seconds = self.settings.body_timeout_seconds
         self._auth = TokenAuth(self.settings.tokens, self.settings.operator_tokens)
         self._metrics_access = MetricsAccess(
             self.settings.metrics_token, self._auth, self.settings.host
@@ -488,8 +492,8 @@ class HttpAdapter(Adapter):
         return caller
 
     async def _body(self, request: Request, model: type[BodyT]) -> BodyT:
-        s = self.settings
-        return parse_as(model, await read_body(request, s.max_body_bytes, s.body_timeout_seconds))
+        return parse_as(model, await read_body(request, self._max_body_bytes,
+                                               self._body_timeout_seconds))
 
     # -- handlers --------------------------------------------------------------------
 
@@ -497,9 +501,8 @@ class HttpAdapter(Adapter):
         caller = self._caller(request)
         if caller.is_operator:
             raise ApiError(403, "operator tokens send commands (POST /v1/commands), not messages")
-        s = self.settings
         text, thread = message_fields(
-            await read_body(request, s.max_body_bytes, s.body_timeout_seconds)
+            await read_body(request, self._max_body_bytes, self._body_timeout_seconds)
         )
         native_id = new_native_id()
         envelope = _make_envelope(
