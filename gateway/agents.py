@@ -181,9 +181,12 @@ class SenderCheck:
     @property
     def ok(self) -> bool:
         """True when the sender may speak as the name."""
-        return self.verdict is IdentityVerdict.OK
+        return self.verdict is _VERDICT_OK
 
 
+# Read once: ``IdentityVerdict.OK`` in a function goes through EnumType's __getattr__
+# hook (several hundred instructions), and every message's verdict is asked for.
+_VERDICT_OK = IdentityVerdict.OK
 # The usual verdicts, made once (immutable; every message's sender gets one).
 _OK = SenderCheck(IdentityVerdict.OK)
 _IMPERSONATION = SenderCheck(IdentityVerdict.IMPERSONATION)

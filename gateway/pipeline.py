@@ -317,39 +317,46 @@ class Pipeline:
         applied = await self._store.apply(
             msg, origin, fingerprint=fp, journal=entry, budget=budget
         )
-        if applied.outcome is Outcome.DUPLICATE:
-            log.info("duplicate message counted once", extra=ids(msg, transport=env.transport))
-            return Disposition(
-                "duplicate", f"already accepted: {applied.reason}", (msg.request_id,)
-            )
-        if applied.outcome is Outcome.LOOP:
-            policy = self._config.policy
-            reason = (
-                f"@{msg.sender} ({env.identity}) and @{msg.to} exceeded "
-                f"{policy.pair_budget_messages} messages per "
-                f"{policy.pair_budget_window_seconds:g}s; relaying between them "
-                f"resumes in {applied.retry_after:.0f}s"
-            )
-            return await self._reject(
-                env, msg, _Rejection("loop", reason), notify=applied.tripped
-            )
-        if applied.outcome is Outcome.DEPTH:
-            return await self._reject(
-                env, msg, _Rejection("depth", applied.reason), conv=applied.conversation
-            )
-        if applied.outcome is Outcome.TOO_LONG:
-            return await self._reject(env, msg, _Rejection("too_long", applied.reason))
-        if applied.outcome in (Outcome.CONFLICT, Outcome.ILLEGAL):
-            return await self._reject(
-                env, msg, _Rejection(str(applied.outcome), applied.reason, violation=False)
-            )
+        outcome = applied.outcome
+        orphan = False
+        # The other outcomes are told apart only when it is not the usual one: each
+        # ``Outcome.X`` read goes through EnumType's __getattr__ hook (several hundred).
+        if outcome is not _APPLIED:
+            if outcome is Outcome.DUPLICATE:
+                log.info("duplicate message counted once",
+                         extra=ids(msg, transport=env.transport))
+                return Disposition(
+                    "duplicate", f"already accepted: {applied.reason}", (msg.request_id,)
+                )
+            if outcome is Outcome.LOOP:
+                policy = self._config.policy
+                reason = (
+                    f"@{msg.sender} ({env.identity}) and @{msg.to} exceeded "
+                    f"{policy.pair_budget_messages} messages per "
+                    f"{policy.pair_budget_window_seconds:g}s; relaying between them "
+                    f"resumes in {applied.retry_after:.0f}s"
+                )
+                return await self._reject(
+                    env, msg, _Rejection("loop", reason), notify=applied.tripped
+                )
+            if outcome is Outcome.DEPTH:
+                return await self._reject(
+                    env, msg, _Rejection("depth", applied.reason), conv=applied.conversation
+                )
+            if outcome is Outcome.TOO_LONG:
+                return await self._reject(env, msg, _Rejection("too_long", applied.reason))
+            if outcome in (Outcome.CONFLICT, Outcome.ILLEGAL):
+                return await self._reject(
+                    env, msg, _Rejection(str(outcome), applied.reason, violation=False)
+                )
+            orphan = outcome is Outcome.ORPHAN
         if log.isEnabledFor(logging.INFO):  # the hot path: build the context only if logged
             log.info(
                 "message accepted",
                 extra=ids(
                     msg,
                     transport=env.transport,
-                    outcome=str(applied.outcome),
+                    outcome=str(outcome),
                     reason=f"queued for {len(targets)}",
                 ),
             )
@@ -367,7 +374,7 @@ class Pipeline:
                 ),
                 reply_to=env.native_id,
             )
-        detail = "orphan RESPONSE kept" if applied.outcome is Outcome.ORPHAN else "applied"
+        detail = "orphan RESPONSE kept" if orphan else "applied"
         return _make_disposition(
             outcome="accepted",
             detail=f"{detail}; queued for delivery to {len(targets)} address(es)",
@@ -586,7 +593,7 @@ class Pipeline:
         fields = msg.__dict__  # (no attribute hook per field: see _handle_message)
         return journal_entry(
             render(msg) if text is None else text,
-            OutboundKind.PROTOCOL,
+            _PROTOCOL,
             deliveries,
             request_id=fields["request_id"],
             trace_id=fields["trace_id"],
@@ -687,6 +694,10 @@ _make_disposition = maker(Disposition)
 
 # Messages that open a conversation under their RequestId.
 _OPENERS = frozenset({MessageType.REQUEST, MessageType.BROADCAST})
+# Enum members the message path reads every time, read once here: ``Enum.X`` in a
+# function goes through EnumType's __getattr__ hook (several hundred instructions).
+_APPLIED = Outcome.APPLIED
+_PROTOCOL = OutboundKind.PROTOCOL
 
 
 def _identity_rejection(check: SenderCheck, msg: Message, identity: str) -> _Rejection:

@@ -26,7 +26,6 @@ from protocol.models import (
     Handoff,
     Message,
     MessageBase,
-    MessageType,
     Request,
     Response,
 )
@@ -109,6 +108,9 @@ _STATUSES: dict[str | bytes, ConvStatus] = {
     **{s.value: s for s in ConvStatus}, **{s.value.encode(): s for s in ConvStatus}}
 _OUTCOMES: dict[str | bytes, Outcome] = {
     **{o.value: o for o in Outcome}, **{o.value.encode(): o for o in Outcome}}
+# Read once: ``Outcome.X`` in a function goes through EnumType's __getattr__ hook (several
+# hundred instructions a read), and every message's result is told apart by these.
+_APPLIED, _LOOP = Outcome.APPLIED, Outcome.LOOP
 _make_result = maker(ApplyResult)
 """An ``ApplyResult`` (one per message) without its frozen ``__init__`` (state.frozen)."""
 
@@ -144,9 +146,9 @@ def _message_text(msg: MessageBase, fields: dict[str, Any]) -> tuple[str, str, s
     _message_call)."""
     if isinstance(msg, Request | Handoff):
         task = " ".join(fields["task"].split())  # collapsed once for summary and excerpt
-        # (the type field, not isinstance: a failed isinstance asks the model's __class__
-        # through the hook, then the metaclass's ABC check)
-        if fields["type"] == MessageType.HANDOFF and fields["reason"]:
+        # (the type field, a StrEnum, not isinstance: a failed isinstance asks the model's
+        # __class__ through the hook, then the metaclass's ABC check)
+        if fields["type"] == "HANDOFF" and fields["reason"]:
             excerpt = _clip(f"{fields['task']} ({fields['reason']})", EXCERPT_CHARS)
         else:
             excerpt = _cut(task, EXCERPT_CHARS)
@@ -444,13 +446,13 @@ class ConversationStore:
         blob = raw[3]
         conv = partial(decode_conversation, request_id, blob) if blob else None
         previous = _STATUSES[raw[2]] if raw[2] else None
-        if outcome is Outcome.LOOP:
+        if outcome is _LOOP:
             result = ApplyResult(outcome, "", None, None, retry_after=int(raw[5]) / 1000,
                                  tripped=bool(raw[4]))
         else:
             result = _make_result(outcome=outcome, reason=_text(raw[1]), source=conv,
                                   previous_status=previous)
-        if outcome is Outcome.APPLIED:
+        if outcome is _APPLIED:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("conversation %s: %s applied", request_id, typ,
                           extra=_log_extra(request_id, trace_id, outcome, typ))
