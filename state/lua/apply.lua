@@ -38,7 +38,7 @@ local TIMEOUT_REQUEST, TIMEOUT_HANDOFF, TIMEOUT_CLARIFY, TIMEOUT_BROADCAST, RETE
 -- it, its JSON; once a message looked at one not cooling down, decoded: the table charge
 -- counts in and budget_json writes out when the batch ends, so a key charged by several
 -- messages of a batch is decoded and encoded once), the keys it writes (in order) and
--- each one's milliseconds to live (0 when it is deleted).
+-- each one's milliseconds to live (0 when it is deleted or keeps its expiry).
 local BUD, BK, BPX = {}, {}, {}
 -- Loop guards decoded in this batch, by their JSON (a gateway sends the same one with
 -- every message).
@@ -197,7 +197,8 @@ local function charge(guard, g, b, nb, now)
     -- (A key listed twice gets one count, as when each had its copy of the state.)
     if s and not (i > 1 and once(guard, s, i)) then
       s[4] = s[4] + 1
-      budget_write(KEYS[b + i], s, math.ceil((s[2] + 2 * window - now) * 1000))
+      -- (One in the window it was read in keeps its expiry: see the end of the script.)
+      budget_write(KEYS[b + i], s, not s[5] and math.ceil((s[2] + 2 * window - now) * 1000))
     end
   end
 end
@@ -414,9 +415,21 @@ for n = 1, #A do
   out[n] = res
 end
 flush_indices()
+-- A budget still in the window it was read in (its stored start, s[5], kept) expires when
+-- it was set to, at the end of the window after it: KEEPTTL spares the expiry's arithmetic
+-- and Valkey's conversion of PX to the PXAT it writes to the append-only file.
 for _, bk in ipairs(BK) do
   local s = BUD[bk]
-  if type(s) == 'table' then s = budget_json(s) end
-  if s then redis.call('SET', bk, s, 'PX', BPX[bk]) else redis.call('DEL', bk) end
+  if type(s) == 'table' then
+    if s[5] then
+      redis.call('SET', bk, budget_json(s), 'KEEPTTL')
+    else
+      redis.call('SET', bk, budget_json(s), 'PX', BPX[bk])
+    end
+  elseif s then
+    redis.call('SET', bk, s, 'PX', BPX[bk])
+  else
+    redis.call('DEL', bk)
+  end
 end
 return out
