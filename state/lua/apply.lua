@@ -148,8 +148,9 @@ local function budgets(g, b, nb, now)
       -- New, or its cooldown is over. A window start computed here is kept as its JSON
       -- reads back (as if written and read again between messages).
       if not s or s[1] > 0 then s = {0, json(now) + 0, 0, 0} end
-      local k = math.floor((now - s[2]) / window)
-      if k >= 1 then  -- move on by whole windows (their stored text is out of date)
+      local d = (now - s[2]) / window
+      if d >= 1 then  -- move on by whole windows (their stored text is out of date)
+        local k = math.floor(d)
         s = {0, json(s[2] + k * window) + 0, k == 1 and s[4] or 0, 0}
       end
       guard[i] = s
@@ -197,8 +198,12 @@ local function charge(guard, g, b, nb, now)
     -- (A key listed twice gets one count, as when each had its copy of the state.)
     if s and not (i > 1 and once(guard, s, i)) then
       s[4] = s[4] + 1
-      -- (One in the window it was read in keeps its expiry: see the end of the script.)
-      budget_write(KEYS[b + i], s, not s[5] and math.ceil((s[2] + 2 * window - now) * 1000))
+      -- (budget_write, inline: this runs per message and key. One in the window it was
+      -- read in keeps its expiry: see the end of the script.)
+      local k = KEYS[b + i]
+      if BPX[k] == nil then BK[#BK + 1] = k end
+      BUD[k] = s
+      BPX[k] = s[5] and 0 or math.ceil((s[2] + 2 * window - now) * 1000)
     end
   end
 end
@@ -380,7 +385,7 @@ end
 local A, F, C, reads, seen = {}, {}, {}, {}, {}
 local k = 1
 for i = 3, #ARGV, 5 do
-  local count = tonumber(ARGV[i])
+  local count = ARGV[i] + 0
   local a = cjson.decode(ARGV[i + 1])
   local n = #A + 1
   A[n], F[n], C[n] = a, k, count

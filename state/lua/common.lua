@@ -258,14 +258,27 @@ end
 -- Index a new conversation `id` of kind `kind` (REQUEST or BROADCAST) in status `st`,
 -- created at `created` with deadline `deadline`, from the agent with name key `fk` to the
 -- one with `tk` (its parties: both, or the first alone when they are one or `tk` is all).
+-- zput, hincr and the keys' look-ups are written out: this runs for every new
+-- conversation, and each Lua call costs hundreds of instructions (about 4,000 a message).
 local function enter(id, kind, st, created, deadline, fk, tk)
+  local zw = ZW
   if kind ~= 'BROADCAST' then
-    zput(index(STATUS_KEYS, 's:', st), id, created)
-    hincr(LD, tk, 1)
-    zput(index(PARTY_KEYS, 'p:', fk), id, created)
-    if tk ~= fk and tk ~= 'all' then zput(index(PARTY_KEYS, 'p:', tk), id, created) end
+    local k = STATUS_KEYS[st] or index(STATUS_KEYS, 's:', st)
+    local t = zw[k] or table_of(zw, k, ZK)
+    t[id] = created
+    local m = HW[LD] or table_of(HW, LD, HK)
+    m[tk] = (m[tk] or 0) + 1
+    k = PARTY_KEYS[fk] or index(PARTY_KEYS, 'p:', fk)
+    t = zw[k] or table_of(zw, k, ZK)
+    t[id] = created
+    if tk ~= fk and tk ~= 'all' then
+      k = PARTY_KEYS[tk] or index(PARTY_KEYS, 'p:', tk)
+      t = zw[k] or table_of(zw, k, ZK)
+      t[id] = created
+    end
   end
-  zput(DUE, id, deadline)
+  local t = zw[DUE] or table_of(zw, DUE, ZK)
+  t[id] = deadline
 end
 
 -- Make the agent with canonical key `key` a party of conversation `id` (header h):
