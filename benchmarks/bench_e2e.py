@@ -168,6 +168,11 @@ class Phase:
     def seconds(self) -> float:
         return self.end - self.start
 
+    @property
+    def rate(self) -> float:
+        """Messages received per second."""
+        return self.received / self.seconds
+
     @classmethod
     def joined(cls, name: str, phases: list[Phase]) -> Phase:
         """One phase of ``phases`` run one after another (their seconds added up)."""
@@ -508,7 +513,7 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
         lat = [x * 1000 for x in steady.latencies]
         ctx = steady.context(rate=args.rate, gateways=len(bases),
                              worst_send_lateness_ms=round(late * 1000, 2))
-        emit(f"e2e_{label}_steady_rate", steady.received / steady.seconds, "msg/s",
+        emit(f"e2e_{label}_steady_rate", steady.rate, "msg/s",
              note=NOTE, **ctx)
         emit(f"e2e_{label}_steady_p50_latency", percentile(lat, 0.50), "ms", rate=args.rate)
         emit(f"e2e_{label}_steady_p99_latency", percentile(lat, 0.99), "ms", TARGET_P99_MS,
@@ -526,30 +531,31 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
         # Sampling takes the load generator's CPU and GIL: a diagnostic run's rates are
         # lower, so it is asked for on its own (--placement).
         samplers: list[PlacementSampler] = []
-        rounds: dict[int, list[Phase]] = {n: [] for n in args.posters}
-        bare_rounds: dict[int, list[float]] = {n: [] for n in args.posters}
+        rounds: dict[int, list[Phase]] = {p: [] for p in args.posters}
+        bare_rounds: dict[int, list[float]] = {p: [] for p in args.posters}
         shares: list[float] = []
         for _ in range(args.rounds):
-            for n in args.posters:
-                bare_rounds[n].append(await bare.closed_loop(bare_http, args.saturation, n))
+            for posters in args.posters:
+                bare_rounds[posters].append(
+                    await bare.closed_loop(bare_http, args.saturation, posters))
                 if args.placement:
                     samplers.append(PlacementSampler(pids[0], child_pid("valkey")))
                 try:
-                    rounds[n].append(await load.closed_loop("saturation", args.saturation, n))
+                    rounds[posters].append(
+                        await load.closed_loop("saturation", args.saturation, posters))
                 finally:
                     if samplers:
                         samplers[-1].close()
-            shares.append(max(rounds[n][-1].received / rounds[n][-1].seconds
-                              for n in args.posters)
-                          / max(bare_rounds[n][-1] for n in args.posters))
-        by_posters = {n: Phase.joined("saturation", rounds[n]) for n in args.posters}
-        best = max(args.posters, key=lambda n: by_posters[n].received / by_posters[n].seconds)
-        best_bare = max(args.posters, key=lambda n: statistics.mean(bare_rounds[n]))
+            shares.append(max(rounds[p][-1].rate for p in args.posters)
+                          / max(bare_rounds[p][-1] for p in args.posters))
+        by_posters = {p: Phase.joined("saturation", rounds[p]) for p in args.posters}
+        best = max(args.posters, key=lambda p: by_posters[p].rate)
+        best_bare = max(args.posters, key=lambda p: statistics.mean(bare_rounds[p]))
         sat = by_posters[best]
-        rate = sat.received / sat.seconds
+        rate = sat.rate
         lat = [x * 1000 for x in sat.latencies]
         emit(f"e2e_{label}_saturation_rate", rate, "msg/s", posters=best,
-             by_posters={n: round(p.received / p.seconds) for n, p in by_posters.items()},
+             by_posters={p: round(phase.rate) for p, phase in by_posters.items()},
              gateway_cpu_pct=round(100 * sat.cpu / sat.seconds, 1),
              note=NOTE + "; rate = messages received by the recipient per second, at the "
              "poster count with the best rate (by_posters: each count's)",
@@ -558,9 +564,8 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
              TARGET_RATIO, rounds=[round(x, 3) for x in shares],
              bare_rounds=[round(max(r)) for r in zip(*bare_rounds.values(), strict=True)],
              pooled=round(rate / statistics.mean(bare_rounds[best_bare]), 3),
-             same_posters={n: round(by_posters[n].received / by_posters[n].seconds
-                                    / statistics.mean(bare_rounds[n]), 3)
-                           for n in args.posters},
+             same_posters={p: round(by_posters[p].rate / statistics.mean(bare_rounds[p]), 3)
+                           for p in args.posters},
              note=f"median over {args.rounds} rounds of (the gateways' best saturation rate "
              "over the poster counts / the bare aiohttp server's best in the same round); "
              "pooled: the gateways' best poster count's rounds together / the bare server's "

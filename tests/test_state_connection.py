@@ -204,7 +204,8 @@ async def test_embedded_server_is_shared_only_with_its_own_folder(tmp_path: Path
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 async def test_embedded_server_starts_with_the_malloc_settings(tmp_path: Path) -> None:
-    assert "GLIBC_TUNABLES" not in os.environ
+    if "GLIBC_TUNABLES" in os.environ:
+        pytest.skip("a GLIBC_TUNABLES of the user's own is kept, not ours")
     handle = await conn.open_redis(StateSettings(redis_url="embedded", data_dir=tmp_path))
     try:
         pid = (await handle.client.info("server"))["process_id"]

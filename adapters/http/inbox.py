@@ -312,8 +312,8 @@ class Inboxes:
                 replies = await self._deliver(
                     keys=self._keys(owner), args=[self.max_count, self.max_bytes, *args]
                 )
-                for i in range(0, len(replies), 2):
-                    reply = _text(replies[i]), _text(replies[i + 1])
+                for r in range(0, len(replies), 2):  # status, value per message
+                    reply = _text(replies[r]), _text(replies[r + 1])
                     if reply[0] == "full":
                         out.append(("full", f"inbox of {owner} is full: {reply[1]}; the "
                                     "agent is not reading or acknowledging it"))
