@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,6 +216,7 @@ class Load:
         self._consumer: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()  # set after each inbox batch
         self._templates: dict[str, str] = {}  # sender -> its rendered REQUEST
+        self._headers: dict[str, dict[str, str]] = {}  # sender -> its POST's headers
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -244,12 +245,14 @@ class Load:
         return {"valkey": cpu_seconds(child_pid("valkey")),
                 "load_generator": cpu_seconds(os.getpid())}
 
-    def next_message(self) -> tuple[str, str, str]:
-        """(sender, request id, text) of the next REQUEST, round-robin over the senders.
+    def next_post(self) -> tuple[str, str, dict[str, str]]:
+        """(request id, text, headers) of the next REQUEST, round-robin over the senders:
+        the POST both closed loops send, to the gateways and to the bare server alike.
 
-        Each sender's REQUEST is rendered once and its ids filled in per message: the load
-        generator then does the same work per request as against the bare server (a
-        ready text to POST), instead of building and rendering a model every time."""
+        Each sender's REQUEST is rendered once and its ids filled in per message, and its
+        headers (its bearer token) are made once: the load generator's work per POST is a
+        ready text and header set, the same in both loops, instead of building and
+        rendering a model every time."""
         self.seq += 1
         sender = self.senders[self.seq % len(self.senders)]
         rid = f"bench-{self.seq:09d}"
@@ -258,14 +261,14 @@ class Load:
             template = self._templates[sender] = render(build_request(
                 sender=sender, to=RECIPIENT, task=TASK, request_id=_RID_SLOT,
                 trace_id=_TRACE_SLOT))
-        return sender, rid, template.replace(_RID_SLOT, rid).replace(
-            _TRACE_SLOT, f"{self.seq:032x}")
+            self._headers[sender] = {"Authorization": f"Bearer {self.tokens[sender]}"}
+        text = template.replace(_RID_SLOT, rid).replace(_TRACE_SLOT, f"{self.seq:032x}")
+        return rid, text, self._headers[sender]
 
     async def post_one(self, phase: Phase) -> None:
         """POST one new REQUEST (to the gateways in turn), noting when it was sent."""
-        sender, rid, text = self.next_message()
+        rid, text, headers = self.next_post()
         base = self.bases[self.seq % len(self.bases)]
-        headers = {"Authorization": f"Bearer {self.tokens[sender]}"}
         phase.sent_at[rid] = time.perf_counter()
         try:
             async with self.http.post(f"{base}/v1/messages", json={"text": text},
@@ -450,8 +453,8 @@ class BareServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1/messages"
         self.proc = subprocess.Popen([sys.executable, "-c", BARE_HTTP_SERVER, str(self.port)])
-        # posters -> its rounds' (requests/s, server CPU µs per request)
-        self.rounds: dict[int, list[tuple[float, float]]] = {}
+        # posters -> its rounds' (requests/s, server and load generator CPU µs per request)
+        self.rounds: dict[int, list[tuple[float, float, float]]] = {}
 
     def close(self) -> None:
         self.proc.terminate()
@@ -467,9 +470,12 @@ class BareServer:
                                                                     limit_per_host=256))
 
     async def closed_loop(self, http: aiohttp.ClientSession, seconds: float, posters: int,
+                          next_post: Callable[[], tuple[str, str, dict[str, str]]],
                           *, note: bool = True) -> float:
         """Requests/s of ``posters`` concurrent posters for ``seconds`` (noted in ``rounds``
-        unless ``note`` is false: a warm-up)."""
+        unless ``note`` is false: a warm-up). Each posts what ``next_post`` gives (the
+        gateways' loop's ``Load.next_post``: the same text and headers, so the load
+        generator does the same work per POST against both servers)."""
         for _ in range(100):
             with suppress(aiohttp.ClientError):
                 async with http.post(self.url, json={"text": self.text}) as resp:
@@ -481,18 +487,19 @@ class BareServer:
         async def poster(stop_at: float) -> None:
             nonlocal done
             while time.perf_counter() < stop_at:
-                async with http.post(self.url, json={"text": self.text}) as resp:
+                _, text, headers = next_post()
+                async with http.post(self.url, json={"text": text}, headers=headers) as resp:
                     if resp.status == 200 and await read_outcome(resp) == "accepted":
                         done += 1
 
-        cpu0 = cpu_seconds(self.proc.pid)
+        cpu0, own0 = cpu_seconds(self.proc.pid), cpu_seconds(os.getpid())
         start = time.perf_counter()
         await asyncio.gather(*(poster(start + seconds) for _ in range(posters)))
         elapsed = time.perf_counter() - start
-        cpu = cpu_seconds(self.proc.pid) - cpu0
+        cpu, own = cpu_seconds(self.proc.pid) - cpu0, cpu_seconds(os.getpid()) - own0
         if note:
-            self.rounds.setdefault(posters, []).append((done / elapsed,
-                                                        1e6 * cpu / max(1, done)))
+            self.rounds.setdefault(posters, []).append(
+                (done / elapsed, 1e6 * cpu / max(1, done), 1e6 * own / max(1, done)))
         return done / elapsed
 
 
@@ -504,7 +511,8 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
                      pids: list[int], bare: BareServer) -> None:
     """Every phase against ``len(bases)`` gateways (saturation in rounds with ``bare``)."""
     async with Load(bases, tokens, senders, pids) as load, bare.client() as bare_http:
-        await bare.closed_loop(bare_http, args.warmup, max(args.posters), note=False)
+        await bare.closed_loop(bare_http, args.warmup, max(args.posters), load.next_post,
+                               note=False)
         warm = await load.closed_loop("warmup", args.warmup, max(args.posters))
         if warm.accepted == 0:
             raise RuntimeError(f"warm-up: no message accepted: {dict(warm.failures)}")
@@ -537,7 +545,7 @@ async def run_config(args: argparse.Namespace, label: str, bases: list[str],
         for _ in range(args.rounds):
             for posters in args.posters:
                 bare_rounds[posters].append(
-                    await bare.closed_loop(bare_http, args.saturation, posters))
+                    await bare.closed_loop(bare_http, args.saturation, posters, load.next_post))
                 if args.placement:
                     samplers.append(PlacementSampler(pids[0], child_pid("valkey")))
                 try:
@@ -744,16 +752,19 @@ def main() -> int:
                         bases, tokens, senders, pids):
                     asyncio.run(run_config(args, label, bases, tokens, senders, valkey.port,
                                            pids, bare))
-        best = max(bare.rounds, key=lambda n: statistics.mean(r for r, _ in bare.rounds[n]))
-        rates = [r for r, _ in bare.rounds[best]]
+        best = max(bare.rounds, key=lambda n: statistics.mean(r for r, _, _ in bare.rounds[n]))
+        rates = [r for r, _, _ in bare.rounds[best]]
         emit("http_bare_saturation_rate", statistics.mean(rates), "req/s", posters=best,
-             by_posters={n: round(statistics.mean(r for r, _ in x))
+             by_posters={n: round(statistics.mean(r for r, _, _ in x))
                          for n, x in bare.rounds.items()},
-             server_cpu_per_request_us=round(statistics.mean(c for _, c in bare.rounds[best]),
+             load_generator_cpu_per_request_us=round(
+                 statistics.mean(g for _, _, g in bare.rounds[best]), 1),
+             server_cpu_per_request_us=round(statistics.mean(c for _, c, _ in bare.rounds[best]),
                                              1),
              low=round(min(rates)), high=round(max(rates)),
-             note="a bare aiohttp server answering the same POST (no auth, state, outbox "
-             "or inbox) under the same closed loop, in rounds alternating with the gateways' "
+             note="a bare aiohttp server answering the same POST (the same texts and "
+             "headers; it checks no token and keeps no state, outbox or inbox) under the "
+             "same closed loop, in rounds alternating with the gateways' "
              "(at the poster count with the best mean: its rounds' mean, slowest and "
              "fastest; by_posters: each count's mean): the HTTP layer's ceiling")
         emit("bench_machine_load", os.getloadavg()[0], "load avg 1 min", cores=os.cpu_count(),
