@@ -78,7 +78,7 @@ async def _run(gateway: Gateway, tokens: dict[str, str], messages: int) -> float
         raise RuntimeError(f"the warm-up message was not accepted: {first}")
 
     async def answered(*, keys: list[str], args: list[Any]) -> Any:
-        return args[4]  # the new record the client wrote, as apply.lua answers it
+        return args[3]  # the new record the client wrote, as apply.lua answers it
 
     store = gateway._store
     store._apply_one = answered

@@ -116,9 +116,10 @@ _make_result = maker(ApplyResult)
 
 
 @lru_cache(maxsize=16)
-def _guard_json(limit: int, window: float, cooldown: float) -> str:
-    """apply.lua's loop guard argument (a gateway sends the same one with every message)."""
-    return _to_json([limit, window, cooldown])
+def _guard_json(limit: int, window: float, cooldown: float, keys: int) -> str:
+    """apply.lua's loop guard argument over ``keys`` budget keys (a gateway sends the same
+    one with every message)."""
+    return _to_json([limit, window, cooldown, keys])
 
 
 def _clip(text: str | None, limit: int) -> str:
@@ -311,8 +312,8 @@ class ConversationStore:
         keys, args = self._message_call(msg, origin, now, fingerprint, journal)
         if budget is not None:
             keys += [self.keys.budget(n) for n in budget.names]
-            args[0] = len(keys)
-            args[3] = _guard_json(budget.limit, budget.window, budget.cooldown)
+            args[2] = _guard_json(budget.limit, budget.window, budget.cooldown,
+                                  len(budget.names))
         fields = msg.__dict__  # (no attribute hook per field: see _message_call)
         return self._result(fields["request_id"], fields["trace_id"], str(fields["type"]),
                             await self._apply_one(keys=keys, args=args))
@@ -375,8 +376,8 @@ class ConversationStore:
               fp: str, origin: Origin, trace_id: str | None, now: float | None,
               journal: str) -> _Call:
         """One message's KEYS and ARGV in apply.lua's batch (the batcher adds the prefix):
-        its key count, one JSON array (order documented there), its journal entry, no
-        loop guard ("") and, for a message that opens a conversation, the record it
+        its conversation key; one JSON array (order documented there), its journal entry,
+        no loop guard ("") and, for a message that opens a conversation, the record it
         writes (see below)."""
         at = time.time() if now is None else now
         # The array written out by hand, each string through the json module's own
@@ -429,8 +430,8 @@ class ConversationStore:
             f"{t_status},{t_prio},{t_task},{t_exc},{t_fp},{t_at},"
             f"{t_tr},{t_ch},{t_th},{t_nat},{t_trace},{t_fk},{t_tk}]"
         )
-        args: list[str | int | float] = [2, fields, journal, "", record]
-        return [self.keys.conv(request_id), self.keys.orphan(request_id)], args
+        args: list[str | int | float] = [fields, journal, "", record]
+        return [self.keys.conv(request_id)], args
 
     def _too_long(self, msg: Message, problem: str) -> ApplyResult:
         typ = str(msg.type)

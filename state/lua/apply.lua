@@ -1,13 +1,17 @@
 -- Apply a batch of protocol messages (or CLOSEs by an operator or the gateway), each to
 -- its conversation, in order, atomically: the whole batch is one step on the server.
--- ARGV[1] prefix, ARGV[2] the store's timeouts and retention (below), then five per
--- message: its number of keys, one JSON array of its fields
+-- ARGV[1] prefix, ARGV[2] the store's timeouts and retention (below), then four per
+-- message: one JSON array of its fields
 -- (one argument instead of 19 keeps the client's encoding cheap), its outbox journal
--- entry ("" = none), its loop guard ("" = none) and, for a REQUEST or BROADCAST, the
+-- entry ("" = none), its loop guard ("" = none; it also tells how many budget keys the
+-- message has) and, for a REQUEST or BROADCAST, the
 -- record it opens its conversation with, as encode() writes it from those fields ("" =
 -- encode it here; the client writes it, which costs it less than encoding costs the
 -- script; fields 7-10 and 17, read only to encode a record, are then ""); KEYS, message
--- after message: the conversation key, the orphan key, then its budget keys (below).
+-- after message: the conversation key, then its budget keys (below). The orphan key of
+-- an unknown RequestId (P .. 'o:' .. id, the conversation key's hash tag) is made here
+-- when a RESPONSE needs it: every argument costs the server a string to parse, copy into
+-- the script and hash, and only a RESPONSE for an unknown conversation reads that key.
 -- Fields: 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
 --   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
 --   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
@@ -15,7 +19,8 @@
 -- Parties compare by those keys (header fields 17 requester key, 18 assignee key), so
 -- @mantis and @Mantis are one agent here exactly as in the gateway.
 -- The journal entry is appended when the message is accepted. The loop guard is JSON
--- [limit, window seconds, cooldown seconds] over the message's budget keys.
+-- [limit, window seconds, cooldown seconds, number of budget keys] over the message's
+-- budget keys.
 -- Returns one reply per message: {outcome, reason, previous status, record blob or
 -- false}; outcome 'loop' adds {1 when this message tripped a budget else 0, milliseconds
 -- until it lets messages pass}; a message that opened a conversation gets its new record
@@ -92,9 +97,14 @@ local function accept(st, blob, h, j)
   return {'applied', '', st, blob}
 end
 
+-- The orphan RESPONSEs kept for unknown RequestId `id` (state.store.Keys.orphan).
+local function orphan_key(id)
+  return P .. 'o:' .. id
+end
+
 -- The reply for message `a` (its fields) when it was already accepted (its fingerprint is
--- in the record `blob`, or among the orphans kept at `okey` for an unknown id), else nil.
-local function duplicate(a, okey, blob)
+-- in the record `blob`, or among the orphans kept for an unknown id), else nil.
+local function duplicate(a, blob)
   local typ, id, fp = a[1], a[2], a[11]
   if fp == '' then return nil end
   local needle = ',"' .. fp .. '"]'
@@ -105,7 +115,7 @@ local function duplicate(a, okey, blob)
               '; nothing changed.', split(blob)[5], blob}
     end
   elseif typ == 'RESPONSE' then
-    local old = redis.call('GET', okey)
+    local old = redis.call('GET', orphan_key(id))
     if old and string.find(old, needle, 1, true) then
       return {'duplicate', 'this RESPONSE for unknown conversation ' .. id ..
               ' was already kept as an orphan; nothing changed.', false, false}
@@ -215,9 +225,9 @@ local function event(a, st)
 end
 
 -- The state machine proper for message `a` (its fields) with conversation key `key`,
--- orphan key `okey`, journal entry `j` and new record `rec`: the checks and the
--- transition (one return per outcome).
-local function step(key, okey, a, j, rec)
+-- journal entry `j` and new record `rec`: the checks and the transition (one return per
+-- outcome).
+local function step(key, a, j, rec)
   local typ, id, from, to = a[1], a[2], a[3], a[4]
   local fk = a[18]
   local dc, dm = a[5], a[6]
@@ -253,8 +263,9 @@ local function step(key, okey, a, j, rec)
 
   if not blob then
     if typ == 'RESPONSE' then
-      local dup = duplicate(a, okey, nil)
+      local dup = duplicate(a, nil)
       if dup then return dup end
+      local okey = orphan_key(id)
       local kept = redis.call('STRLEN', okey)
       if kept >= ORPHAN_MAX_BYTES then
         return {'too_long', kept .. ' bytes of orphan RESPONSEs for unknown conversation ' ..
@@ -276,7 +287,7 @@ local function step(key, okey, a, j, rec)
             false}
   end
 
-  local dup = duplicate(a, okey, blob)
+  local dup = duplicate(a, blob)
   if dup then return dup end
   local h, body = split(blob)
   local st = h[5]
@@ -356,23 +367,21 @@ local function step(key, okey, a, j, rec)
   return {'illegal', 'unknown message type ' .. typ .. '.', st, blob}
 end
 
--- Apply one message: its `count` keys are KEYS[f] .. (its conversation, its orphan key,
--- then its budget keys), `a` its fields, `j` its journal entry, `g` its guard, `rec` its
--- new record. The steps
+-- Apply one message: its conversation key is KEYS[f], its `nb` budget keys follow it,
+-- `a` its fields, `j` its journal entry, `g` its guard, `rec` its new record. The steps
 -- are functions of the script, not closures made for every message (a closure and its
 -- upvalues are allocations: they were about 3% of the script's instructions).
-local function apply_one(f, count, a, j, g, rec)
-  local key, okey = KEYS[f], KEYS[f + 1]
-  local b, nb, now = f + 1, count - 2, a[12]  -- budget key i is KEYS[b + i]
+local function apply_one(f, nb, a, j, g, rec)
+  local key, b, now = KEYS[f], f, a[12]  -- budget key i is KEYS[b + i]
   local guard, decoded = budgets(g, b, nb, now)
   if guard and guard.refused then
     -- A message already accepted is a duplicate, not a loop: retries never use the budget.
-    local dup = duplicate(a, okey, stored(key))
+    local dup = duplicate(a, stored(key))
     if dup then return dup end
     trip(guard, decoded, b, nb, now)
     return {'loop', '', false, false, guard.refused[1], math.ceil(guard.refused[2] * 1000)}
   end
-  local result = step(key, okey, a, j, rec)
+  local result = step(key, a, j, rec)
   -- (A new conversation's reply is its record, not a table: it was applied.)
   if guard and (type(result) ~= 'table' or result[1] ~= 'duplicate') then
     charge(guard, decoded, b, nb, now)
@@ -380,29 +389,32 @@ local function apply_one(f, count, a, j, g, rec)
   return result
 end
 
--- The batch: its messages (the n-th: fields A[n], keys from KEYS[F[n]], C[n] of them; no
--- table per message), then one MGET of what they read (budgets, later steps' records).
+-- The batch: its messages (the n-th: fields A[n], its conversation key KEYS[F[n]] and
+-- C[n] budget keys after it, as many as its guard names; no table per message), then
+-- one MGET of what they read (budgets, later steps' records).
 local A, F, C, reads, seen = {}, {}, {}, {}, {}
 local k = 1
-for i = 3, #ARGV, 5 do
-  local count = ARGV[i] + 0
-  local a = cjson.decode(ARGV[i + 1])
+for i = 3, #ARGV, 4 do
+  local g = ARGV[i + 2]
+  local nb = 0
+  if g ~= '' then nb = (GUARDS[g] or decode_guard(g))[4] end
+  local a = cjson.decode(ARGV[i])
   local n = #A + 1
-  A[n], F[n], C[n] = a, k, count
+  A[n], F[n], C[n] = a, k, nb
   -- seen[key] is the table its value goes to (records and budgets differ in prefix).
   local key = KEYS[k]
   if a[1] ~= 'REQUEST' and a[1] ~= 'BROADCAST' and not seen[key] then
     seen[key] = REC
     reads[#reads + 1] = key
   end
-  for x = k + 2, k + count - 1 do
+  for x = k + 1, k + nb do
     local bk = KEYS[x]
     if not seen[bk] then
       seen[bk] = BUD
       reads[#reads + 1] = bk
     end
   end
-  k = k + count
+  k = k + 1 + nb
 end
 local got = {}
 sliced(reads, function(...)
@@ -412,8 +424,8 @@ for i, rk in ipairs(reads) do seen[rk][rk] = got[i] end
 
 local out = {}
 for n = 1, #A do
-  local i = 5 * n - 2  -- message n's first argument (its key count)
-  local ok, res = pcall(apply_one, F[n], C[n], A[n], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
+  local i = 4 * n - 1  -- message n's first argument (its fields)
+  local ok, res = pcall(apply_one, F[n], C[n], A[n], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
   if not ok then
     res = redis.error_reply(type(res) == 'table' and res.err or tostring(res))
   end
