@@ -143,7 +143,9 @@ local function budgets(g, b, nb, now)
   if g == '' then return nil end
   g = GUARDS[g] or decode_guard(g)
   local limit, window, cooldown = g[1], g[2], g[3]
-  local guard = {}
+  -- (Made with room for two keys, a gateway's pair and identity budgets: a table grown
+  -- one key at a time is reallocated at each.)
+  local guard = {false, false}
   for i = 1, nb do
     local key = KEYS[b + i]
     local s = BUD[key]

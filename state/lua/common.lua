@@ -39,14 +39,6 @@ local function sliced(list, f)
   end
 end
 
--- redis.call(cmd, key, ...) with the items of list, in slices as sliced() (a closure for
--- sliced() is an allocation per call: flush_indices makes two per sorted set per batch).
-local function call_sliced(cmd, key, list)
-  for i = 1, #list, 1000 do
-    redis.call(cmd, key, unpack(list, i, math.min(i + 999, #list)))
-  end
-end
-
 -- Index writes, combined: apply.lua runs a batch of messages and writes each sorted set
 -- and each counter once at its end (a batch of new REQUESTs costs one ZADD per index,
 -- not one per message). enter, party and move only buffer; a script using them calls
@@ -86,21 +78,33 @@ local function hincr(key, field, n)
   m[field] = (m[field] or 0) + n
 end
 
+-- redis.call(cmd, key, ...) with list[1] .. list[n], in slices as sliced().
+local function call_first(cmd, key, list, n)
+  for i = 1, n, 1000 do
+    redis.call(cmd, key, unpack(list, i, math.min(i + 999, n)))
+  end
+end
+
 -- Write the buffered index changes: per sorted set one ZREM and one ZADD (sliced), per
--- counter that moved one HINCRBY.
+-- counter that moved one HINCRBY. The arguments of every set are gathered in the same
+-- two tables (their first na and nd items): a table grown an item at a time is
+-- reallocated at every power of two, and most sets of a batch get an item or two.
 local function flush_indices()
+  local adds, dels = {}, {}
   for _, key in ipairs(ZK) do
-    local adds, dels = {}, {}
+    local na, nd = 0, 0
     for member, score in pairs(ZW[key]) do
       if score then
-        adds[#adds + 1] = score
-        adds[#adds + 1] = member
+        adds[na + 1] = score
+        adds[na + 2] = member
+        na = na + 2
       else
-        dels[#dels + 1] = member
+        nd = nd + 1
+        dels[nd] = member
       end
     end
-    call_sliced('ZREM', key, dels)
-    call_sliced('ZADD', key, adds)
+    call_first('ZREM', key, dels, nd)
+    call_first('ZADD', key, adds, na)
   end
   for _, key in ipairs(HK) do
     for field, n in pairs(HW[key]) do
@@ -268,13 +272,25 @@ local function enter(id, kind, st, created, deadline, fk, tk)
     t[id] = created
     local m = HW[LD] or table_of(HW, LD, HK)
     m[tk] = (m[tk] or 0) + 1
+    -- A party's set, usually new in the batch (a sender's), is made with its first
+    -- member: a table made empty is reallocated for it.
     k = PARTY_KEYS[fk] or index(PARTY_KEYS, 'p:', fk)
-    t = zw[k] or table_of(zw, k, ZK)
-    t[id] = created
+    t = zw[k]
+    if t then
+      t[id] = created
+    else
+      zw[k] = {[id] = created}
+      ZK[#ZK + 1] = k
+    end
     if tk ~= fk and tk ~= 'all' then
       k = PARTY_KEYS[tk] or index(PARTY_KEYS, 'p:', tk)
-      t = zw[k] or table_of(zw, k, ZK)
-      t[id] = created
+      t = zw[k]
+      if t then
+        t[id] = created
+      else
+        zw[k] = {[id] = created}
+        ZK[#ZK + 1] = k
+      end
     end
   end
   local t = zw[DUE] or table_of(zw, DUE, ZK)
