@@ -366,13 +366,22 @@ end
 -- those two strings. Only for strings JSON writes as they are (no quote, backslash, slash
 -- or control character), so the text compared is exact; true whenever unsure. It spares
 -- decoding the entry for the common step that places nothing (a REQUEST never goes back
--- to the channel it came from).
+-- to the channel it came from). An entry laid out as gateway.outbox.journal_entry writes
+-- it ('{"k":"' first, the deliveries "d" then the sender "s" last) is searched once, for
+-- the array itself: outside the strings an array starting with two strings is a delivery
+-- or the sender, which comes after every delivery and right after '"s":'. (Searching
+-- for '"d":[' first stopped at every quote of the message's text before it.)
 local function may_place(j, t, c)
   if not (plain(t) and plain(c)) then return true end
+  local needle = '["' .. t .. '","' .. c .. '",'
+  if string.find(j, '{"k":"', 1, true) == 1 then
+    local at = string.find(j, needle, 7, true)
+    return at ~= nil and string.find(j, '"s":', at - 4, true) ~= at - 4
+  end
   local from = string.find(j, '"d":[', 1, true)
   local to = from and string.find(j, '],"s":', from, true)
   if not to then return true end
-  local at = string.find(j, '["' .. t .. '","' .. c .. '",', from, true)
+  local at = string.find(j, needle, from, true)
   return at ~= nil and at < to
 end
 
