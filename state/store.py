@@ -421,15 +421,13 @@ class ConversationStore:
                 # other text of the record holds them).
                 if "/" in record or "\x7f" in record:
                     record = record.replace("/", "\\/").replace("\x7f", "\\u007f")
-        if record:  # the script reads these fields only to encode a record (apply.lua)
-            t_status = t_prio = t_task = t_exc = t_trace = '""'
+        head = (f"[{t_typ},{q(request_id)},{t_from},{t_to},{int(depth)},{int(max_depth)},"
+                f"{t_fp},{t_at},{t_fk},{t_tk},")
+        if record:  # the script reads fields 11-12 and 17-19 only to encode a record
+            fields = f'{head}"","",{t_tr},{t_ch},{t_th},{t_nat}]'  # (apply.lua)
         else:
-            t_status = q(status)
-        fields = (
-            f"[{t_typ},{q(request_id)},{t_from},{t_to},{int(depth)},{int(max_depth)},"
-            f"{t_status},{t_prio},{t_task},{t_exc},{t_fp},{t_at},"
-            f"{t_tr},{t_ch},{t_th},{t_nat},{t_trace},{t_fk},{t_tk}]"
-        )
+            fields = (f"{head}{q(status)},{t_prio},{t_tr},{t_ch},{t_th},{t_nat},{t_task},"
+                      f"{t_exc},{t_trace}]")
         args: list[str | int | float] = [fields, journal, "", record]
         return [self.keys.conv(request_id)], args
 

@@ -7,15 +7,16 @@
 -- message has) and, for a REQUEST or BROADCAST, the
 -- record it opens its conversation with, as encode() writes it from those fields ("" =
 -- encode it here; the client writes it, which costs it less than encoding costs the
--- script; fields 7-10 and 17, read only to encode a record, are then ""); KEYS, message
+-- script; fields 11 and 12 are then "" and 17-19, read only to encode a record, left
+-- out: cjson grows the array a slot at a time, reallocating it at 17); KEYS, message
 -- after message: the conversation key, then its budget keys (below). The orphan key of
 -- an unknown RequestId (P .. 'o:' .. id, the conversation key's hash tag) is made here
 -- when a RESPONSE needs it: every argument costs the server a string to parse, copy into
 -- the script and hash, and only a RESPONSE for an unknown conversation reads that key.
--- Fields: 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth,
---   7 response status, 8 priority, 9 task, 10 excerpt, 11 fingerprint, 12 now,
---   13 transport, 14 channel, 15 thread, 16 native id, 17 trace id,
---   18 canonical key of from, 19 canonical key of to (protocol.names.name_key)
+-- Fields: 1 type, 2 request id, 3 from, 4 to, 5 depth, 6 max depth, 7 fingerprint, 8 now,
+--   9 canonical key of from, 10 canonical key of to (protocol.names.name_key),
+--   11 response status, 12 priority, 13 transport, 14 channel, 15 thread, 16 native id,
+--   17 task, 18 excerpt, 19 trace id
 -- Parties compare by those keys (header fields 17 requester key, 18 assignee key), so
 -- @mantis and @Mantis are one agent here exactly as in the gateway.
 -- The journal entry is appended when the message is accepted. The loop guard is JSON
@@ -105,7 +106,7 @@ end
 -- The reply for message `a` (its fields) when it was already accepted (its fingerprint is
 -- in the record `blob`, or among the orphans kept for an unknown id), else nil.
 local function duplicate(a, blob)
-  local typ, id, fp = a[1], a[2], a[11]
+  local typ, id, fp = a[1], a[2], a[7]
   if fp == '' then return nil end
   local needle = ',"' .. fp .. '"]'
   if blob then
@@ -223,7 +224,7 @@ end
 -- The event message `a` (its fields) adds to its conversation, with status `st`
 -- (made only when a record is encoded here: a new record usually comes written).
 local function event(a, st)
-  return {a[1], a[3], a[4], a[5], a[6], st, a[13], a[16], a[12], a[10], a[11]}
+  return {a[1], a[3], a[4], a[5], a[6], st, a[13], a[16], a[8], a[18], a[7]}
 end
 
 -- The state machine proper for message `a` (its fields) with conversation key `key`,
@@ -231,9 +232,9 @@ end
 -- outcome).
 local function step(key, a, j, rec)
   local typ, id, from, to = a[1], a[2], a[3], a[4]
-  local fk = a[18]
+  local fk = a[9]
   local dc, dm = a[5], a[6]
-  local now = a[12]
+  local now = a[8]
   local opens = typ == 'REQUEST' or typ == 'BROADCAST'
   local blob
   if opens then
@@ -242,10 +243,10 @@ local function step(key, a, j, rec)
     local bc = typ == 'BROADCAST'
     local st = bc and 'done' or 'open'
     local deadline = now + (bc and TIMEOUT_BROADCAST or TIMEOUT_REQUEST)
-    local tk = a[19]
+    local tk = a[10]
     local new = rec
     if new == '' then
-      new = encode({a[17], typ, from, to, st, dc, dm, a[8], a[9], now, now, deadline, a[13],
+      new = encode({a[19], typ, from, to, st, dc, dm, a[12], a[17], now, now, deadline, a[13],
                     a[14], a[15], a[16], fk, tk, (tk ~= fk and tk ~= 'all') and {fk, tk} or {fk},
                     1}, '', event(a, st))
     end
@@ -308,10 +309,10 @@ local function step(key, a, j, rec)
             '; it takes no more messages. Open a new REQUEST to continue.', st, blob}
   end
   if typ == 'CLOSE' then
-    -- An operator's cancel or the gateway's own close: field 7 is the terminal status.
-    ev[1] = a[7] == 'cancelled' and 'CANCEL' or 'CLOSE'
+    -- An operator's cancel or the gateway's own close: field 11 is the terminal status.
+    ev[1] = a[11] == 'cancelled' and 'CANCEL' or 'CLOSE'
     ev[4], ev[5] = h[6], h[7]
-    return accept(st, move(key, id, h, body, a[7], 0, now, ev), h, j)
+    return accept(st, move(key, id, h, body, a[11], 0, now, ev), h, j)
   end
   -- On a conversation sent to @all, the first agent other than the requester that
   -- speaks for it (CLARIFY, HANDOFF or the answer) becomes its assignee.
@@ -344,13 +345,13 @@ local function step(key, a, j, rec)
     party(id, h, h[18])
   end
   party(id, h, fk)
-  party(id, h, a[19])
+  party(id, h, a[10])
 
   if typ == 'RESPONSE' then
     if st == 'clarifying' and fk == rk then
       return accept(st, move(key, id, h, body, 'open', now + TIMEOUT_REQUEST, now, ev), h, j)
     end
-    local final = a[7]
+    local final = a[11]
     if final == '' then final = 'done' end
     return accept(st, move(key, id, h, body, final, 0, now, ev), h, j)
   end
@@ -364,7 +365,7 @@ local function step(key, a, j, rec)
   end
   if typ == 'HANDOFF' then
     return accept(st, move(key, id, h, body, 'handed_off', now + TIMEOUT_HANDOFF, now, ev,
-                           to, a[19]), h, j)
+                           to, a[10]), h, j)
   end
   return {'illegal', 'unknown message type ' .. typ .. '.', st, blob}
 end
@@ -374,7 +375,7 @@ end
 -- are functions of the script, not closures made for every message (a closure and its
 -- upvalues are allocations: they were about 3% of the script's instructions).
 local function apply_one(f, nb, a, j, g, rec)
-  local key, b, now = KEYS[f], f, a[12]  -- budget key i is KEYS[b + i]
+  local key, b, now = KEYS[f], f, a[8]  -- budget key i is KEYS[b + i]
   local guard, decoded = budgets(g, b, nb, now)
   if guard and guard.refused then
     -- A message already accepted is a duplicate, not a loop: retries never use the budget.
