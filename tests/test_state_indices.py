@@ -20,6 +20,7 @@ from test_state_helpers import (
     store,
 )
 
+import state.store as store_module
 from protocol.models import Message
 from state.records import Budget, ConvStatus, Outcome
 from state.settings import StateSettings
@@ -151,6 +152,13 @@ async def _commands(st: ConversationStore, msg: Message, budget: Budget | None =
     return await calls() - before - 1  # minus the first INFO
 
 
+async def _has_msetex(st: ConversationStore) -> bool:
+    """Whether apply.lua writes budgets kept in their window with MSETEX (Valkey 9.1+)."""
+    info = await st.redis.info("server")
+    version = str(info.get("valkey_version", "0.0")).split(".")
+    return (int(version[0]), int(version[1])) >= (9, 1)
+
+
 async def test_commands_per_step(private_store: ConversationStore) -> None:
     st = private_store
     await st.apply(request("warm"), ORIGIN, now=T0)  # the script is loaded once
@@ -165,13 +173,41 @@ async def test_commands_per_step(private_store: ConversationStore) -> None:
     assert await _commands(st, handoff("r1", depth=4)) == 9  # + a ZADD: Heron is a party now
     assert await _commands(st, response("r1", sender="Heron", depth=5)) == 7
     # With the loop guard's two budgets: their MGET (which reads a later step's record
-    # too, instead of its GET) and a SET each.
+    # too, instead of its GET) and a SET each, new ones; ones still in the window they
+    # were read in keep their expiry, written together on Valkey 9.1+ (one MSETEX).
+    kept = 1 if await _has_msetex(st) else 2
     guard = Budget(("p:lotbot mantis", "i:http:lotbot mantis"), 100, 60.0, 60.0)
     assert await _commands(st, request("r2"), guard) == 7 + 3
     assert await _commands(st, request("r2"), guard) == 2 + 1  # a duplicate: no charge
-    assert await _commands(st, clarify("r2"), guard) == 8 + 2
+    assert await _commands(st, clarify("r2"), guard) == 8 + kept
     assert await _commands(st, clarify("r2"), guard) == 2  # EVALSHA + MGET
 
+
+
+async def test_budgets_kept_in_their_window_are_the_same_without_msetex(
+        private_store: ConversationStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Valkey 9.1 (and on Redis) there is no MSETEX: the budgets a step keeps in
+    the window they were read in are written with a SET ... KEEPTTL each, to the same
+    values and expiries."""
+    source = store_module.load_script("apply")
+    assert "redis.VALKEY_VERSION_NUM" in source
+    monkeypatch.setitem(store_module._SCRIPTS, "apply",
+                        source.replace("redis.VALKEY_VERSION_NUM", "nil"))
+    settings = StateSettings(namespace=private_store.settings.namespace + "-old")
+    old = ConversationStore(private_store.redis, settings)
+    guard = Budget(("p:lotbot mantis", "i:http:lotbot mantis"), 100, 60.0, 60.0)
+    for st in (private_store, old):
+        assert (await st.apply(request("g1"), ORIGIN, now=T0, budget=guard)).outcome is (
+            Outcome.APPLIED)
+    kept = 1 if await _has_msetex(private_store) else 2  # one MSETEX, or a SET each
+    assert await _commands(private_store, clarify("g1"), guard) == 8 + kept
+    assert await _commands(old, clarify("g1"), guard) == 8 + 2  # a SET each
+    r = private_store.redis
+    for name in guard.names:
+        new_key, old_key = private_store.keys.budget(name), old.keys.budget(name)
+        assert await r.get(new_key) == await r.get(old_key) == "[0,1700000000,0,2]"
+        ttl_new, ttl_old = await r.pttl(new_key), await r.pttl(old_key)
+        assert ttl_new > 0 and abs(ttl_new - ttl_old) < 5000
 
 async def test_a_batch_writes_each_shared_index_once(private_store: ConversationStore) -> None:
     st = private_store

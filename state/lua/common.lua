@@ -272,18 +272,11 @@ local function enter(id, kind, st, created, deadline, fk, tk)
     t[id] = created
     local m = HW[LD] or table_of(HW, LD, HK)
     m[tk] = (m[tk] or 0) + 1
-    -- A party's set, usually new in the batch (a sender's), is made with its first
-    -- member: a table made empty is reallocated for it.
-    k = PARTY_KEYS[fk] or index(PARTY_KEYS, 'p:', fk)
-    t = zw[k]
-    if t then
-      t[id] = created
-    else
-      zw[k] = {[id] = created}
-      ZK[#ZK + 1] = k
-    end
-    if tk ~= fk and tk ~= 'all' then
-      k = PARTY_KEYS[tk] or index(PARTY_KEYS, 'p:', tk)
+    -- The parties' sets, fk's then tk's: one usually new in the batch (a sender's) is
+    -- made with its first member (a table made empty is reallocated for it).
+    local pk, next_pk = fk, (tk ~= fk and tk ~= 'all') and tk
+    while pk do
+      k = PARTY_KEYS[pk] or index(PARTY_KEYS, 'p:', pk)
       t = zw[k]
       if t then
         t[id] = created
@@ -291,6 +284,7 @@ local function enter(id, kind, st, created, deadline, fk, tk)
         zw[k] = {[id] = created}
         ZK[#ZK + 1] = k
       end
+      pk, next_pk = next_pk, false
     end
   end
   local t = zw[DUE] or table_of(zw, DUE, ZK)
