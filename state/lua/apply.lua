@@ -420,9 +420,13 @@ for i = 3, #ARGV, 4 do
   k = k + 1 + nb
 end
 local got = {}
-sliced(reads, function(...)
-  for _, v in ipairs(redis.call('MGET', ...)) do got[#got + 1] = v end
-end)
+if #reads <= 1000 then  -- (the usual batch: its MGET's reply as it is, not copied)
+  if #reads > 0 then got = redis.call('MGET', unpack(reads)) end
+else
+  sliced(reads, function(...)
+    for _, v in ipairs(redis.call('MGET', ...)) do got[#got + 1] = v end
+  end)
+end
 for i, rk in ipairs(reads) do seen[rk][rk] = got[i] end
 
 local out = {}
