@@ -96,8 +96,9 @@ async def _load(port: int, tokens: dict[str, str], first: int, messages: int,
     poller.send("GET", inbox, tokens[RECIPIENT])
 
     async def post(conn: _Conn) -> None:
-        sender, _, text = load.next_message()
-        conn.send("POST", "/v1/messages", tokens[sender], json.dumps({"text": text}).encode())
+        _, text, headers = load.next_post()
+        token = headers["Authorization"].removeprefix("Bearer ")
+        conn.send("POST", "/v1/messages", token, json.dumps({"text": text}).encode())
         status, answer = await conn.answer()
         if status != 200 or not isinstance(answer, dict) or answer["outcome"] != "accepted":
             raise RuntimeError(f"POST answered {status}: {answer}")
