@@ -80,10 +80,19 @@ local st = redis.call('HMGET', m, 'in', 'ack', 'lj', 'n')
 local total, acked, lj = tonumber(st[1] or 0), tonumber(st[2] or 0), st[3] or '0-0'
 local n = tonumber(st[4] or redis.call('XLEN', s))
 local out, last = {}, nil
+-- The dash of lj, kept with it: a batch's journal ids are usually of one length with the
+-- dash at one place, so each is compared as text after one look for its own dash (newer()
+-- looks for both).
+local ljd = string.find(lj, '-', 1, true)
 for i = 3, #ARGV, 2 do
   local jid, body = ARGV[i], ARGV[i + 1]
   local size = #body
-  if jid ~= '' and not newer(jid, lj) then
+  local jd, fresh = false, true
+  if jid ~= '' then
+    jd = string.find(jid, '-', 1, true)
+    if jd and #jid == #lj and jd == ljd then fresh = jid > lj else fresh = newer(jid, lj) end
+  end
+  if not fresh then
     out[#out + 1] = 'dup'
     out[#out + 1] = jid
   elseif n + 1 > maxn then
@@ -98,7 +107,7 @@ for i = 3, #ARGV, 2 do
     total = total + size
     last = redis.call('XADD', s, '*', total, body)
     n = n + 1
-    if jid ~= '' then lj = jid end
+    if jid ~= '' then lj, ljd = jid, jd end
     out[#out + 1] = 'ok'
     out[#out + 1] = last
   end
