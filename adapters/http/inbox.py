@@ -191,7 +191,8 @@ end
 if #set > 0 then redis.call('HSET', m, unpack(set)) end
 if #rows > 0 then
   local flat = {}
-  for i, row in ipairs(rows) do
+  for i = 1, #rows do  -- (numeric: ipairs calls a C function per item)
+    local row = rows[i]
     local f = row[2]
     local b = #f == 2 and f[2]  -- as _DELIVER writes an entry: total, body
     if not b then

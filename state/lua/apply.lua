@@ -427,7 +427,10 @@ else
     for _, v in ipairs(redis.call('MGET', ...)) do got[#got + 1] = v end
   end)
 end
-for i, rk in ipairs(reads) do seen[rk][rk] = got[i] end
+for i = 1, #reads do  -- (numeric loops: ipairs calls a C function per item)
+  local rk = reads[i]
+  seen[rk][rk] = got[i]
+end
 
 local out = {}
 for n = 1, #A do
@@ -448,7 +451,8 @@ flush_indices()
 -- reply converted back, its entry in the append-only file). Elsewhere, a SET each.
 local MSETEX = (tonumber(redis.VALKEY_VERSION_NUM) or 0) >= 0x090100
 local kept, nk = {}, 0  -- MSETEX's arguments from kept[2]: key, value, ...
-for _, bk in ipairs(BK) do
+for i = 1, #BK do
+  local bk = BK[i]
   local s = BUD[bk]
   if type(s) == 'table' then
     if s[5] and MSETEX then

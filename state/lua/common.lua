@@ -91,7 +91,8 @@ end
 -- reallocated at every power of two, and most sets of a batch get an item or two.
 local function flush_indices()
   local adds, dels = {}, {}
-  for _, key in ipairs(ZK) do
+  for i = 1, #ZK do  -- (numeric loops: ipairs calls a C function per item)
+    local key = ZK[i]
     local na, nd = 0, 0
     for member, score in pairs(ZW[key]) do
       if score then
@@ -106,7 +107,8 @@ local function flush_indices()
     call_first('ZREM', key, dels, nd)
     call_first('ZADD', key, adds, na)
   end
-  for _, key in ipairs(HK) do
+  for i = 1, #HK do
+    local key = HK[i]
     for field, n in pairs(HW[key]) do
       if n ~= 0 then redis.call('HINCRBY', key, field, n) end
     end
