@@ -392,18 +392,18 @@ local function apply_one(f, nb, a, j, g, rec)
   return result
 end
 
--- The batch: its messages (the n-th: fields A[n], its conversation key KEYS[F[n]] and
--- C[n] budget keys after it, as many as its guard names; no table per message), then
--- one MGET of what they read (budgets, later steps' records).
-local A, F, C, reads, seen = {}, {}, {}, {}, {}
-local k = 1
+-- The batch: its messages (the n-th: fields A[n], its conversation key then C[n] budget
+-- keys, as many as its guard names, after the earlier messages' keys; no table per
+-- message), then one MGET of what they read (budgets, later steps' records).
+local A, C, reads, seen = {}, {}, {}, {}
+local k, n = 1, 0
 for i = 3, #ARGV, 4 do
   local g = ARGV[i + 2]
   local nb = 0
   if g ~= '' then nb = (GUARDS[g] or decode_guard(g))[4] end
   local a = cjson.decode(ARGV[i])
-  local n = #A + 1
-  A[n], F[n], C[n] = a, k, nb
+  n = n + 1
+  A[n], C[n] = a, nb
   -- seen[key] is the table its value goes to (records and budgets differ in prefix).
   local key = KEYS[k]
   if a[1] ~= 'REQUEST' and a[1] ~= 'BROADCAST' and not seen[key] then
@@ -433,13 +433,15 @@ for i = 1, #reads do  -- (numeric loops: ipairs calls a C function per item)
 end
 
 local out = {}
+k = 1  -- message n's conversation key
 for n = 1, #A do
   local i = 4 * n - 1  -- message n's first argument (its fields)
-  local ok, res = pcall(apply_one, F[n], C[n], A[n], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+  local ok, res = pcall(apply_one, k, C[n], A[n], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
   if not ok then
     res = redis.error_reply(type(res) == 'table' and res.err or tostring(res))
   end
   out[n] = res
+  k = k + 1 + C[n]
 end
 flush_indices()
 -- A budget still in the window it was read in (its stored start, s[5], kept) expires when
