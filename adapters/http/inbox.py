@@ -70,9 +70,10 @@ end
 # An entry is one field, the running total of bytes added (with this body's) as its name
 # and the body as its value: two arguments fewer to store and replicate, and two strings
 # fewer to read back, than fields o and b (which entries written before it have).
-# Returns status, id per message handled, in one flat list (a table per message is a
-# reply to convert per message): ok (stored), dup (journal id already taken), full (stops
-# there: later messages must not overtake it).
+# Returns one string per message handled, in one flat list (each item is a reply to
+# convert, and a table per message more): the new entry's id when stored, 'dup:' and the
+# journal id when that id was already taken, 'full:' and why when the inbox is full
+# (which stops there: later messages must not overtake it). An id holds no ':'.
 _DELIVER = _NEWER + """
 local s, m = KEYS[1], KEYS[2]
 local maxn, maxb = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -93,22 +94,19 @@ for i = 3, #ARGV, 2 do
     if jd and #jid == #lj and jd == ljd then fresh = jid > lj else fresh = newer(jid, lj) end
   end
   if not fresh then
-    out[#out + 1] = 'dup'
-    out[#out + 1] = jid
+    out[#out + 1] = 'dup:' .. jid
   elseif n + 1 > maxn then
-    out[#out + 1] = 'full'
-    out[#out + 1] = 'it holds ' .. n .. ' messages (inbox_max ' .. maxn .. ')'
+    out[#out + 1] = 'full:it holds ' .. n .. ' messages (inbox_max ' .. maxn .. ')'
     break
   elseif total - acked + size > maxb then
-    out[#out + 1] = 'full'
-    out[#out + 1] = 'it holds ' .. (total - acked) .. ' bytes (inbox_max_bytes ' .. maxb .. ')'
+    out[#out + 1] = 'full:it holds ' .. (total - acked) .. ' bytes (inbox_max_bytes ' ..
+        maxb .. ')'
     break
   else
     total = total + size
     last = redis.call('XADD', s, '*', total, body)
     n = n + 1
     if jid ~= '' then lj, ljd = jid, jd end
-    out[#out + 1] = 'ok'
     out[#out + 1] = last
   end
 end
@@ -322,13 +320,17 @@ class Inboxes:
                 replies = await self._deliver(
                     keys=self._keys(owner), args=[self.max_count, self.max_bytes, *args]
                 )
-                for r in range(0, len(replies), 2):  # status, value per message
-                    reply = _text(replies[r]), _text(replies[r + 1])
-                    if reply[0] == "full":
-                        out.append(("full", f"inbox of {owner} is full: {reply[1]}; the "
+                for raw in replies:  # the entry's id, or status:value, per message
+                    reply = _text(raw)
+                    if ":" not in reply:
+                        out.append(("ok", reply))
+                        continue
+                    status, _, value = reply.partition(":")
+                    if status == "full":
+                        out.append(("full", f"inbox of {owner} is full: {value}; the "
                                     "agent is not reading or acknowledging it"))
                         return out
-                    out.append(reply)
+                    out.append((status, value))
                 args, size = [], 0
         return out
 
