@@ -28,6 +28,7 @@ import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.client import NEVER_DECODE
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -43,14 +44,17 @@ class ScriptBatcher:
     With ``merged_head`` the script takes a batch (see the module docstring): ``args`` of
     a call are its own part only, the head is prepended once per batch. With
     ``max_in_flight`` at most that many sends are out at a time; calls made meanwhile
-    wait and go together when one returns (fewer, larger batches under load).
+    wait and go together when one returns (fewer, larger batches under load). With
+    ``decode=False`` the replies are the server's bytes, whatever the client decodes (for
+    a caller that hands them on as bytes).
     """
 
     def __init__(self, redis: aioredis.Redis, script: AsyncScript, max_batch: int = 256,
                  *, merged_head: list[Any] | None = None,
-                 max_in_flight: int | None = None) -> None:
+                 max_in_flight: int | None = None, decode: bool = True) -> None:
         self._lane = Lane(redis.connection_pool)
         self._script = script
+        self._options: dict[str, Any] = {} if decode else {NEVER_DECODE: True}
         self._max_batch = max_batch
         self._head = merged_head
         self._max_in_flight = max_in_flight or 1 << 30
@@ -146,11 +150,14 @@ class ScriptBatcher:
 
     async def _evalsha(self, keys: list[str], args: list[Any]) -> Any:
         script, lane = self._script, self._lane
+        options = self._options
         try:
-            return await lane.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await lane.execute_command("EVALSHA", script.sha, len(keys), *keys, *args,
+                                              **options)
         except NoScriptError:  # the server lost it (a restart): load it and run it again,
             script.sha = await lane.script_load(script.script)  # as the script object does
-        return await lane.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await lane.execute_command("EVALSHA", script.sha, len(keys), *keys, *args,
+                                          **options)
 
     async def _merged(self, calls: list[_Args]) -> list[Any]:
         """One call of the batch script for ``calls``; its replies, one per call."""
@@ -169,7 +176,7 @@ class ScriptBatcher:
         sha = self._script.sha
         replies = await self._lane.pipelined(
             [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in batch],
-            raise_on_error=False)
+            raise_on_error=False, **self._options)
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 keys, args = batch[i]

@@ -170,11 +170,13 @@ class Lane(aioredis.Redis):
         return await self._on_connection(lambda conn: self._round_trip(conn, args, options))
 
     async def pipelined(self, commands: Sequence[Sequence[Any]], *,
-                        raise_on_error: bool = True) -> list[Any]:
+                        raise_on_error: bool = True, **options: Any) -> list[Any]:
         """Run ``commands`` as a pipeline without a transaction does (one write, then the
         replies in order, an error reply in its place), raising the first error reply
-        unless told not to; their replies, parsed as the client's would be."""
-        replies = await self._on_connection(lambda conn: self._pipe_trip(conn, commands))
+        unless told not to; their replies, parsed as the client's would be (with
+        ``options`` as ``execute_command``'s, e.g. redis-py's ``NEVER_DECODE``)."""
+        replies = await self._on_connection(
+            lambda conn: self._pipe_trip(conn, commands, options))
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, ResponseError):
@@ -206,12 +208,13 @@ class Lane(aioredis.Redis):
         await conn.send_command(*args)
         return await self.parse_response(conn, args[0], **options)
 
-    async def _pipe_trip(self, conn: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def _pipe_trip(self, conn: Any, commands: Sequence[Sequence[Any]],
+                         options: dict[str, Any]) -> list[Any]:
         await conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
         for args in commands:  # every reply is read, errors too: the connection stays in step
             try:
-                replies.append(await self.parse_response(conn, args[0]))
+                replies.append(await self.parse_response(conn, args[0], **options))
             except ResponseError as exc:
                 replies.append(exc)
         return replies

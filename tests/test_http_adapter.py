@@ -39,6 +39,7 @@ from adapters.base import (
 )
 from adapters.http import HttpAdapter
 from adapters.http.auth import Caller, TokenAuth
+from adapters.http.inbox import entry_bytes, entry_json, inbox_body
 from adapters.http.server import answer_json
 from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as
 
@@ -844,6 +845,17 @@ async def test_stored_messages_are_served_as_stored_also_in_the_older_form(
         "text": "older", "kind": "notice", "request_id": "req-0", "trace_id": None,
         "reply_to": None, "thread": "t1", "at": 1700000000.25,
     }
+
+
+def test_an_entry_as_bytes_is_its_json_in_utf8() -> None:
+    """A poll's entries, made from the stored bytes, are what the JSON of the decoded
+    entry encodes to; an older (array) body is converted as before."""
+    body = inbox_body('quote " nul \x00 → \U0001f600', "notice", request_id="r", at=1.5)
+    assert entry_bytes(b"17-0", body.encode()) == entry_json("17-0", body).encode()
+    older = '["older", "notice", null, null, null, null, 2.0]'
+    assert entry_bytes(b"18-1", older.encode()) == entry_json("18-1", older).encode()
+    with pytest.raises(ValueError, match="without a body"):
+        entry_bytes(b"19-0", None)  # type: ignore[arg-type]
 
 
 async def test_a_batch_is_stored_in_order_up_to_a_full_inbox(

@@ -77,6 +77,31 @@ async def test_scripts_are_reloaded_after_a_flush(
     assert sorted(replies) == [6, 7, 8, 9, 10]
 
 
+# Returns ARGV[1] as it came ('bad' is a script error).
+ECHO_SCRIPT = """
+if ARGV[1] == 'bad' then return redis.error_reply('bad argument') end
+return ARGV[1]
+"""
+
+
+async def test_undecoded_replies_are_bytes_alone_batched_and_after_a_flush(
+    private_redis: tuple[PrivateValkey, aioredis.Redis],
+) -> None:
+    _, client = private_redis  # (a client that decodes replies)
+    batcher = ScriptBatcher(client, client.register_script(ECHO_SCRIPT), decode=False)
+    assert await batcher(keys=[], args=["→ alone"]) == "→ alone".encode()
+    results = await asyncio.gather(
+        *(batcher(keys=[], args=[v]) for v in ("a", "bad", "→")), return_exceptions=True)
+    assert results[0] == b"a" and results[2] == "→".encode()
+    assert isinstance(results[1], ResponseError) and "bad argument" in str(results[1])
+    await client.script_flush()  # NOSCRIPT is still told apart: loaded and run again
+    assert await asyncio.gather(batcher(keys=[], args=["x"]),
+                                batcher(keys=[], args=["y"])) == [b"x", b"y"]
+    assert await batcher(keys=[], args=["z"]) == b"z"
+    # The client's own replies are still decoded.
+    assert await client.echo("→") == "→"
+
+
 async def test_a_dead_server_fails_every_waiting_caller(
     private_redis: tuple[PrivateValkey, aioredis.Redis],
 ) -> None:

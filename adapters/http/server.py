@@ -556,8 +556,8 @@ class HttpAdapter(Adapter):
             give_up=lambda: self._stopping or request.client_gone(),
         )
         # A reader that never gets the answer loses nothing: unacknowledged messages
-        # come back after the visibility timeout. The messages are JSON already.
-        return Response(200, ('{"messages":[' + ",".join(messages) + "]}").encode())
+        # come back after the visibility timeout. The messages are JSON (UTF-8) already.
+        return Response(200, b'{"messages":[' + b",".join(messages) + b"]}")
 
     async def _post_ack(self, request: Request, owner: str) -> Response:
         await self._check_reader(request, owner)
