@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from json.encoder import encode_basestring as _json_str
 from typing import Any, Protocol, runtime_checkable
 
 from adapters.chunking import split_message
@@ -124,6 +125,30 @@ class Outbound:
     # accepted. Inbox transports use it as the message id agents see and to deliver each
     # message once; None for messages sent outside the outbox.
     id: str | None = None
+
+
+JSON_TEXTS_MAX = 1024
+"""Texts ``json_text`` remembers at most (then it forgets them all and starts again)."""
+JSON_TEXT_MAX_CHARS = 2048
+"""The longest text ``json_text`` remembers (so it holds at most some 4M characters)."""
+_json_texts: dict[str, str] = {}
+
+
+def json_text(text: str) -> str:
+    """``text`` as a JSON string, non-ASCII as it is (``json.dumps(text,
+    ensure_ascii=False)``), remembered for a while: a relayed message's text is written
+    into its outbox journal entry and again, once dispatched, into an inbox transport's
+    stored body. Both get the same str object (the dispatcher takes the entry the
+    journal wrote), whose hash Python keeps, so the second is a look-up instead of
+    another pass over the whole text."""
+    found = _json_texts.get(text)
+    if found is None:
+        found = _json_str(text)
+        if len(text) <= JSON_TEXT_MAX_CHARS:
+            if len(_json_texts) >= JSON_TEXTS_MAX:
+                _json_texts.clear()  # (cheaper than keeping an order per text)
+            _json_texts[text] = found
+    return found
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from adapters.base import Adapter, Address, Outbound, OutboundKind
+from adapters.base import Adapter, Address, Outbound, OutboundKind, json_text
 from gateway.frozen import shared_address
 from state.frozen import maker
 from state.keys import tagged_key
@@ -154,7 +154,7 @@ def journal_entry(
     sender = None if sender_at is None else (
         sender_at.transport, sender_at.channel, sender_at.thread or "")
     raw = (
-        f'{{"k":{_json_str(str(kind))},"t":{_json_str(text)},'
+        f'{{"k":{_json_str(str(kind))},"t":{json_text(text)},'
         f'"r":{_json_str(request_id or "")},"tr":{_json_str(trace_id or "")},'
         f'"d":[{",".join([_json_strings(d) for d in deliveries])}],'
         f'"s":{"null" if sender is None else _json_strings(sender)}}}'

@@ -20,7 +20,10 @@ import pytest
 import redis.asyncio as aioredis
 from http_wire import ALICE, BOB, OPS
 
+from adapters import base as base_module
 from adapters.base import (
+    JSON_TEXT_MAX_CHARS,
+    JSON_TEXTS_MAX,
     Address,
     CommandRequest,
     CommandResult,
@@ -36,6 +39,7 @@ from adapters.base import (
     WebResponse,
     WebRoute,
     create_adapter,
+    json_text,
 )
 from adapters.http import HttpAdapter
 from adapters.http.auth import Caller, TokenAuth
@@ -1169,3 +1173,16 @@ async def test_restart_keeps_queued_messages(
         assert transport.health().state is HealthState.UP
     finally:
         await transport.stop()
+
+
+def test_json_text_is_the_json_string_of_any_text_remembered_within_bounds() -> None:
+    """json_text writes what json.dumps(ensure_ascii=False) does, remembers at most
+    JSON_TEXTS_MAX texts (then starts again) and none over JSON_TEXT_MAX_CHARS."""
+    texts = ['quote " \\ nul \x00 → \U0001f600 \u2028', "", "x" * (JSON_TEXT_MAX_CHARS + 1)]
+    for text in texts:
+        assert json_text(text) == json.dumps(text, ensure_ascii=False)
+        assert json_text(text) == json.dumps(text, ensure_ascii=False)  # (remembered)
+    assert texts[2] not in base_module._json_texts
+    for i in range(JSON_TEXTS_MAX + 5):
+        json_text(f"t{i}")
+    assert 0 < len(base_module._json_texts) <= JSON_TEXTS_MAX

@@ -39,6 +39,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from adapters.base import json_text
 from protocol.names import name_key
 from state.batching import ScriptBatcher
 from state.connection import blocking_client
@@ -234,7 +235,7 @@ def inbox_body(
     the json module's own encoder, as ``ensure_ascii=False`` writes it): a poll hands
     the stored text on as it is, instead of decoding and encoding every message again."""
     return (
-        f'{{"text":{_json_str(text)},"kind":{_json_str(kind)},'
+        f'{{"text":{json_text(text)},"kind":{_json_str(kind)},'
         f'"request_id":{_json_opt(request_id)},"trace_id":{_json_opt(trace_id)},'
         f'"reply_to":{_json_opt(reply_to)},"thread":{_json_opt(thread)},'
         f'"at":{_json_time(time.time() if at is None else at)}}}'
