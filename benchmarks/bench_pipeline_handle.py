@@ -60,7 +60,7 @@ async def _measure(tmp: Path, messages: int) -> float:
 
 
 async def _run(gateway: Gateway, tokens: dict[str, str], messages: int) -> float:
-    _, _, text = Load([], tokens, [SENDER], []).next_message()
+    _, text, _ = Load([], tokens, [SENDER], []).next_post()
     caller = gateway.adapters["http"]._auth.identify(f"Bearer {tokens[SENDER]}")
     make = maker(Envelope)
 
