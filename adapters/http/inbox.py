@@ -271,6 +271,22 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+INBOX_KEYS_CACHED = 4096
+"""Inboxes whose key names ``_inbox_keys`` remembers (the most recently used)."""
+
+
+@functools.lru_cache(maxsize=INBOX_KEYS_CACHED)
+def _inbox_keys(namespace: str, owner: str) -> tuple[str, str]:
+    """(stream, meta) key names of ``owner``'s inbox in ``namespace``. Remembered: every
+    delivery batch and every poll names them, and the SHA-1 and its hex digits cost
+    several times the look-up."""
+    # A hash tag per inbox (hashed: a name may hold "{"), so a cluster spreads them;
+    # of the name's canonical key, so every spelling of a name is one inbox.
+    tag = hashlib.sha1(name_key(owner).encode()).hexdigest()[:16]
+    base = f"{namespace}:in:{{{tag}}}"
+    return base + ":s", base + ":m"
+
+
 class Inboxes:
     """Every agent's inbox of one namespace, in Redis."""
 
@@ -304,11 +320,7 @@ class Inboxes:
         self._woken = False  # wake_all was called: no long-poll waits any more
 
     def _keys(self, owner: str) -> list[str]:
-        # A hash tag per inbox (hashed: a name may hold "{"), so a cluster spreads them;
-        # of the name's canonical key, so every spelling of a name is one inbox.
-        tag = hashlib.sha1(name_key(owner).encode()).hexdigest()[:16]
-        base = f"{self._namespace}:in:{{{tag}}}"
-        return [base + ":s", base + ":m"]
+        return list(_inbox_keys(self._namespace, owner))
 
     async def exists(self, owner: str) -> bool:
         """Whether anything was ever delivered to ``owner``'s inbox."""
