@@ -209,6 +209,21 @@ async def test_budgets_kept_in_their_window_are_the_same_without_msetex(
         ttl_new, ttl_old = await r.pttl(new_key), await r.pttl(old_key)
         assert ttl_new > 0 and abs(ttl_new - ttl_old) < 5000
 
+async def test_many_budgets_kept_in_their_window_are_all_written(
+        private_store: ConversationStore) -> None:
+    """More budgets kept in their window than one MSETEX takes (500): every one is
+    written, to the value a step that keeps it writes, with its expiry kept."""
+    st = private_store
+    guard = Budget(tuple(f"p:lotbot mantis{i}" for i in range(620)), 100, 60.0, 60.0)
+    assert (await st.apply(request("m1"), ORIGIN, now=T0, budget=guard)).outcome is (
+        Outcome.APPLIED)
+    kept = 2 if await _has_msetex(st) else 620  # 500 + 120 in two MSETEX, or a SET each
+    assert await _commands(st, clarify("m1"), guard) == 8 + kept
+    values = await st.redis.mget([st.keys.budget(name) for name in guard.names])
+    assert values == ["[0,1700000000,0,2]"] * 620
+    assert min([await st.redis.pttl(st.keys.budget(name)) for name in guard.names]) > 0
+
+
 async def test_a_batch_writes_each_shared_index_once(private_store: ConversationStore) -> None:
     st = private_store
     await st.apply(request("warm"), ORIGIN, now=T0)

@@ -453,6 +453,12 @@ flush_indices()
 -- reply converted back, its entry in the append-only file). Elsewhere, a SET each.
 local MSETEX = (tonumber(redis.VALKEY_VERSION_NUM) or 0) >= 0x090100
 local kept, nk = {}, 0  -- MSETEX's arguments from kept[2]: key, value, ...
+-- Write the nk budgets gathered in kept with one MSETEX (their count first, KEEPTTL last).
+local function write_kept()
+  kept[1], kept[2 * nk + 2] = nk, 'KEEPTTL'
+  redis.call('MSETEX', unpack(kept, 1, 2 * nk + 2))
+  nk = 0
+end
 for i = 1, #BK do
   local bk = BK[i]
   local s = BUD[bk]
@@ -461,11 +467,7 @@ for i = 1, #BK do
       kept[2 * nk + 2] = bk
       kept[2 * nk + 3] = budget_json(s)
       nk = nk + 1
-      if nk == 500 then  -- (Lua's unpack takes a few thousand values at most)
-        kept[1], kept[2 * nk + 2] = nk, 'KEEPTTL'
-        redis.call('MSETEX', unpack(kept, 1, 2 * nk + 2))
-        nk = 0
-      end
+      if nk == 500 then write_kept() end  -- (Lua's unpack takes a few thousand values)
     elseif s[5] then
       redis.call('SET', bk, budget_json(s), 'KEEPTTL')
     else
@@ -477,8 +479,5 @@ for i = 1, #BK do
     redis.call('DEL', bk)
   end
 end
-if nk > 0 then
-  kept[1], kept[2 * nk + 2] = nk, 'KEEPTTL'
-  redis.call('MSETEX', unpack(kept, 1, 2 * nk + 2))
-end
+if nk > 0 then write_kept() end
 return out
