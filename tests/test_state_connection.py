@@ -216,6 +216,22 @@ async def test_embedded_server_starts_with_the_malloc_settings(tmp_path: Path) -
         await handle.close()
 
 
+async def test_embedded_server_keeps_sorted_sets_compact_up_to_32(tmp_path: Path) -> None:
+    # The store's indices grow at their end: a listpack walked on every ZADD costs more
+    # than the other encoding well before the server's default of 128 members.
+    handle = await conn.open_redis(StateSettings(redis_url="embedded", data_dir=tmp_path))
+    try:
+        client = handle.client
+        assert await client.config_get("zset-max-listpack-entries") == {
+            "zset-max-listpack-entries": "32"}
+        await client.zadd("z", {f"m{i}": 1700000000.5 + i for i in range(32)})
+        assert await client.object("encoding", "z") == "listpack"
+        await client.zadd("z", {"m32": 1700000032.5})
+        assert await client.object("encoding", "z") == "skiplist"
+    finally:
+        await handle.close()
+
+
 async def test_unreadable_port_file_starts_a_fresh_server(tmp_path: Path) -> None:
     port_file = tmp_path / "valkey" / "port"
     port_file.parent.mkdir(parents=True)
