@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -45,7 +46,7 @@ from adapters.http import HttpAdapter
 from adapters.http.auth import Caller, TokenAuth
 from adapters.http.inbox import entry_bytes, entry_json, inbox_body
 from adapters.http.server import answer_json
-from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as
+from adapters.http.wire import ApiError, MessageBody, message_fields, parse_as, read_body
 
 
 class RecordingSink:
@@ -860,6 +861,55 @@ def test_an_entry_as_bytes_is_its_json_in_utf8() -> None:
     assert entry_bytes(b"18-1", older.encode()) == entry_json("18-1", older).encode()
     with pytest.raises(ValueError, match="without a body"):
         entry_bytes(b"19-0", None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "entry_id", [b"17-0", b"1735000000000-12", b"1-2-3", b"-1", b"1-", b"-", b"17", b"",
+                 b"a-1", b"1-b", b'1"-2', b"1-2\n", b" 1-2", b"1 -2", b"\xd9\xa1-2"])
+def test_an_entry_id_other_than_a_stream_ids_is_quoted_as_json(entry_id: bytes) -> None:
+    """An entry's bytes take its id as it is only when it is a stream id (digits, "-",
+    digits); any other id is JSON-encoded as entry_json does (the id never breaks the
+    object, whatever bytes it holds)."""
+    body = inbox_body("text", "notice", at=1.5)
+    made = entry_bytes(entry_id, body.encode())
+    assert made == entry_json(entry_id.decode(), body).encode()
+    assert json.loads(made)["id"] == entry_id.decode()
+
+
+class _Body:
+    """Just what read_body reads of a request: its headers, length and body."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.headers = {"content-type": "application/json"}
+        self.content_length = len(raw)
+        self._raw = raw
+
+    async def body(self, within: float) -> bytes:
+        return self._raw
+
+
+@pytest.mark.parametrize("text", [
+    '{"text": "a → b"}', '{}', '{"a": 1}', ' {"a": 1}', '{"a": 1} ', '{"a": 1}\n',
+    '{"a": 1}{"b": 2}', '{"a": 1}x}', '{"a": }', '{', '}', '{]}', '{"a": NaN}',
+    '{"a": [1, 2.50, -0, 1e400, null, true]}', '{"a": "\\ud800"}', '{"a": 1, "a": 2}',
+    '\ufeff{}', '[1]', '"text"', '', '{"a": "\x00"}', '{' * 100000 + '}' * 100000,
+])
+async def test_a_json_body_decodes_as_json_loads_decodes_it(text: str) -> None:
+    """A JSON body is decoded to what json.loads gives, or refused with json.loads's own
+    words (the usual object body is decoded without its look for white space)."""
+    request: Any = _Body(text.encode("utf-8", "surrogatepass"))
+    try:
+        expected: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(ApiError, match=re.escape(f"body is not valid JSON: {exc}")):
+            await read_body(request, 1 << 30, 1.0)
+        return
+    except RecursionError:
+        with pytest.raises(ApiError, match="nested too deeply"):
+            await read_body(request, 1 << 30, 1.0)
+        return
+    got = await read_body(request, 1 << 30, 1.0)
+    assert json.dumps(got) == json.dumps(expected)  # (NaN == NaN is False: compare text)
 
 
 async def test_a_batch_is_stored_in_order_up_to_a_full_inbox(

@@ -161,11 +161,32 @@ async def read_body(request: Request, max_bytes: int, within: float) -> Any:
     if content_type == TEXT_TYPE:
         return {"text": text}
     try:
-        return json.loads(text)
+        return _json_loads(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "body is not valid JSON: nested too deeply") from None
+
+
+_DECODER = json.JSONDecoder()
+"""What ``json.loads`` decodes with when given no options."""
+
+
+def _json_loads(text: str) -> Any:
+    """``json.loads(text)``, the same value or the same error. The usual body, an object
+    with no white space around it, is decoded by ``raw_decode`` alone: ``json.loads``
+    also matches a regular expression for white space before and after the document
+    (with its own two calls, about half the work of decoding a 250-byte message under
+    callgrind). Any other text, a document followed by more, or an error, goes through
+    ``json.loads``, which decides as before."""
+    if text.startswith("{") and text.endswith("}"):
+        try:
+            value, end = _DECODER.raw_decode(text)
+        except json.JSONDecodeError:
+            return json.loads(text)  # (raises it again: the words json.loads uses)
+        if end == len(text):
+            return value
+    return json.loads(text)
 
 
 def parse_as(model: type[ModelT], data: Any) -> ModelT:
