@@ -26,6 +26,8 @@ from protocol.models import (
     Handoff,
     Message,
     MessageBase,
+    MessageType,
+    Priority,
     Request,
     Response,
 )
@@ -120,6 +122,33 @@ def _guard_json(limit: int, window: float, cooldown: float, keys: int) -> str:
     """apply.lua's loop guard argument over ``keys`` budget keys (a gateway sends the same
     one with every message)."""
     return _to_json([limit, window, cooldown, keys])
+
+
+_WORDS: dict[str, str] = {
+    w: _json_str(w) for w in (*(t.value for t in MessageType), *(p.value for p in Priority))}
+"""The JSON of every message type and priority (each message has one of each)."""
+PAIRS_CACHED = 4096
+"""(sender, recipient) pairs, and origin places, whose JSON ``_call`` remembers (each
+remembered entry holds at most some kilobytes: names are at most NAME_MAX_LEN
+characters, an origin's fields at most ORIGIN_MAX_BYTES, ``Origin.problem``)."""
+
+
+@lru_cache(maxsize=PAIRS_CACHED)
+def _pair_json(sender: str, to: str) -> tuple[str, str, str, str, str, str]:
+    """JSON of (sender, recipient, their name keys, and the name keys as apply.lua's
+    record holds them: "" when the key is the name's ASCII lower case). A gateway's
+    messages go between few pairs of agents, so their names are encoded once."""
+    fk, tk = name_key(sender), name_key(to)
+    t_fk, t_tk = _json_str(fk), _json_str(tk)
+    return (_json_str(sender), _json_str(to), t_fk, t_tk,
+            '""' if sender.isascii() and fk == sender.lower() else t_fk,
+            '""' if to.isascii() and tk == to.lower() else t_tk)
+
+
+@lru_cache(maxsize=PAIRS_CACHED)
+def _place_json(transport: str, channel: str, thread: str) -> tuple[str, str, str]:
+    """JSON of an origin's transport, channel and thread (few places send messages)."""
+    return _json_str(transport), _json_str(channel), _json_str(thread)
 
 
 def _clip(text: str | None, limit: int) -> str:
@@ -387,13 +416,11 @@ class ConversationStore:
         # round(at, 3) stands for, without making that float and then the shortest repr
         # of it (two conversions each way).
         q = _json_str
-        t_typ, t_from, t_to, t_prio, t_task, t_exc, t_fp = (
-            q(typ), q(sender), q(to), q(priority), q(task), q(excerpt), q(fp))
-        t_tr, t_ch, t_th, t_nat, t_trace = (
-            q(origin.transport), q(origin.channel), q(origin.thread or ""),
-            q(origin.native_id or ""), q(trace_id or ""))
-        fk, tk = name_key(sender), name_key(to)
-        t_fk, t_tk = q(fk), q(tk)
+        t_typ, t_prio = _WORDS.get(typ) or q(typ), _WORDS.get(priority) or q(priority)
+        t_task, t_exc, t_fp, t_nat, t_trace = (
+            q(task), q(excerpt), q(fp), q(origin.native_id or ""), q(trace_id or ""))
+        t_from, t_to, t_fk, t_tk, k17, k18 = _pair_json(sender, to)
+        t_tr, t_ch, t_th = _place_json(origin.transport, origin.channel, origin.thread or "")
         t_at = f"{at:.3f}"
         record = ""
         if typ in _OPENS:
@@ -410,8 +437,6 @@ class ConversationStore:
             if None not in nums:
                 dc, dm, created, deadline = nums
                 st = '"done"' if typ == "BROADCAST" else '"open"'
-                k17 = '""' if sender.isascii() and fk == sender.lower() else t_fk
-                k18 = '""' if to.isascii() and tk == to.lower() else t_tk
                 record = (
                     f"[{t_trace},{t_typ},{t_from},{t_to},{st},{dc},{dm},{t_prio},{t_task},"
                     f"{created},{created},{deadline},{t_tr},{t_ch},{t_th},{t_nat},{k17},{k18},"
