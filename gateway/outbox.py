@@ -130,9 +130,26 @@ def _address(a: Address | None) -> list[str] | None:
     return None if a is None else [a.transport, a.channel, a.thread or ""]
 
 
-def _json_strings(values: Iterable[str]) -> str:
-    """A JSON array of strings."""
-    return "[" + ",".join([_json_str(v) for v in values]) + "]"
+PLACES_CACHED = 4096
+"""Destinations and senders' places whose JSON ``_place_json`` remembers at most."""
+PLACE_CACHED_MAX_CHARS = 512
+"""The longest such JSON remembered (so all of them together hold at most 2 M chars)."""
+_places: dict[tuple[str, ...], str] = {}
+
+
+def _place_json(place: tuple[str, ...]) -> str:
+    """A delivery's or a sender's place as a JSON array of strings, remembered: a
+    gateway's messages go to and come from few places, each written in every journal
+    entry. Bounded in count and in characters; emptied when full (cheaper than keeping
+    an order per place)."""
+    found = _places.get(place)
+    if found is None:
+        found = "[" + ",".join([_json_str(v) for v in place]) + "]"
+        if len(found) <= PLACE_CACHED_MAX_CHARS:
+            if len(_places) >= PLACES_CACHED:
+                _places.clear()
+            _places[place] = found
+    return found
 
 
 def journal_entry(
@@ -156,8 +173,8 @@ def journal_entry(
     raw = (
         f'{{"k":{_json_str(str(kind))},"t":{json_text(text)},'
         f'"r":{_json_str(request_id or "")},"tr":{_json_str(trace_id or "")},'
-        f'"d":[{",".join([_json_strings(d) for d in deliveries])}],'
-        f'"s":{"null" if sender is None else _json_strings(sender)}}}'
+        f'"d":[{",".join([_place_json(d) for d in deliveries])}],'
+        f'"s":{"null" if sender is None else _place_json(sender)}}}'
     )
     _journaled.put(raw, {"k": str(kind), "t": text, "r": request_id or "",
                          "tr": trace_id or "", "d": deliveries, "s": sender})

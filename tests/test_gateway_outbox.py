@@ -445,6 +445,25 @@ def test_a_journal_entry_is_the_json_of_its_fields_whatever_the_text() -> None:
     assert json.loads(journal_entry("n", OutboundKind.NOTICE, []))["s"] is None
 
 
+def test_places_in_journal_entries_read_back_whatever_is_remembered() -> None:
+    """A delivery's and a sender's place are written from memory once seen (bounded in
+    count and in characters): every entry reads back with its own places, through the
+    memory's emptying, for places too long to remember and for hostile names."""
+    count = outbox_module.PLACES_CACHED + 50
+    long = "x" * outbox_module.PLACE_CACHED_MAX_CHARS
+    for round_ in range(2):  # the second time, from memory (or after it was emptied)
+        for i in range(count):
+            place = ("chat", f'c"{i}\\\u2028' if i % 2 else f"{long}{i}", "", "", "")
+            sender = Address("side", f"room {i} é", f"t{i}" if i % 3 else None)
+            entry = json.loads(journal_entry("t", OutboundKind.PROTOCOL, [place],
+                                             sender_at=sender))
+            assert entry["d"] == [list(place)], (round_, i)
+            assert entry["s"] == ["side", f"room {i} é", sender.thread or ""]
+            assert len(outbox_module._places) <= outbox_module.PLACES_CACHED
+    assert all(len(v) <= outbox_module.PLACE_CACHED_MAX_CHARS
+               for v in outbox_module._places.values())
+
+
 def test_items_of_gives_the_same_items_from_memory_as_from_the_json() -> None:
     """journal_entry remembers each entry it wrote decoded, and items_of takes it from
     there once; an entry not remembered (another replica's, one from before a restart)
