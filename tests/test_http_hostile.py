@@ -154,3 +154,32 @@ async def test_stop_closes_idle_and_half_sent_connections(
         for writer in (idle, half):
             writer.close()
     assert rest == [b"", b""]
+
+
+async def test_a_keep_alive_connection_is_answered_by_one_task_that_ends_with_it(
+    redis: aioredis.Redis, namespace: str
+) -> None:
+    """The requests of one keep-alive connection are answered by one task, which waits
+    between them (no task made per request) and ends when the connection does: closed
+    by the client, or by the server once idle for ``header_timeout_seconds``."""
+    async with serving(redis, namespace, header_timeout_seconds=1) as adapter:
+        server = adapter._server
+        assert server is not None
+        address = _address(adapter)
+        for ender in ("client", "idle"):
+            reader, writer = await asyncio.open_connection(*address)
+            tasks = []
+            for _ in range(3):
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = await asyncio.wait_for(reader.readuntil(b'"ok"}'), 10)
+                assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+                tasks.append(set(server._tasks))
+            assert len(tasks[0]) == 1 and tasks[0] == tasks[1] == tasks[2]
+            [task] = tasks[0]
+            if ender == "client":
+                writer.close()
+            else:  # the server closes it after a second of silence
+                assert await asyncio.wait_for(reader.read(), 10) == b""
+            await asyncio.wait_for(asyncio.shield(task), 10)
+            assert not server._tasks and not server.connections
+            writer.close()

@@ -506,7 +506,11 @@ class HttpConnection(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._writable: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # answering (None: idle)
+        # The task that answers this connection's requests, kept between them; and what
+        # it waits on while idle (True: a request is queued; False: the connection ends).
+        self._worker: asyncio.Task[None] | None = None
+        self._parked: asyncio.Future[bool] | None = None
         self._timer: asyncio.TimerHandle | None = None
         # When a complete request head must have arrived by (None: one is being answered).
         self._deadline: float | None = None
@@ -546,6 +550,7 @@ class HttpConnection(asyncio.Protocol):
         self._guard.release(self)
         self._server.connections.discard(self)
         self._cancel_timer()
+        self._unpark(False)
         for request in self._queue:
             request._wake()
         if self._parsing is not None:
@@ -742,6 +747,7 @@ class HttpConnection(asyncio.Protocol):
         """Stop taking requests: close now if idle, else after the answer in progress."""
         self._reading = False
         self._closing = True
+        self._unpark(False)
         if self._task is None and self._transport is not None:
             self._transport.close()
 
@@ -771,9 +777,19 @@ class HttpConnection(asyncio.Protocol):
         self._update_reading()
         if self._task is None:
             self._deadline = None
+            if self._parked is not None:
+                self._task = self._worker
+                self._unpark(True)
+                return
             task = asyncio.get_running_loop().create_task(self._serve())
-            self._task = task
+            self._task = self._worker = task
             self._server.track(task)
+
+    def _unpark(self, queued: bool) -> None:
+        """Wake the idle worker, if there is one: a request was queued, or none will be."""
+        parked, self._parked = self._parked, None
+        if parked is not None and not parked.done():
+            parked.set_result(queued)
 
     def _update_reading(self) -> None:
         """Pause reading while requests wait behind the one answered (a later one's
@@ -800,61 +816,77 @@ class HttpConnection(asyncio.Protocol):
             transport.resume_reading()
 
     async def _serve(self) -> None:
-        """Answer the queued requests in order, then wait for the next (idle timer)."""
+        """Answer the queued requests in order, then wait for the next (idle timer), for
+        as long as the connection takes requests: one task a connection, not one a
+        request (a task made, tracked and ended per request cost several thousand
+        instructions more than waking this one)."""
+        while True:
+            try:
+                if not await self._answer_queued():
+                    return
+            finally:
+                self._task = None
+            self._arm_timer()
+            if self.gone() or not self._reading or self._closing:
+                return
+            self._parked = asyncio.get_running_loop().create_future()
+            if not await self._parked:
+                return
+
+    async def _answer_queued(self) -> bool:
+        """Answer the queued requests in order; False when the connection is done with
+        (closed, or closing after the last answer)."""
         guard, queue, server = self._guard, self._queue, self._server
-        try:
-            while queue:
-                request = queue[0]
-                self.busy = True
+        while queue:
+            request = queue[0]
+            self.busy = True
+            guard.touch(self)
+            try:
+                if isinstance(request, _BadRequest):
+                    response = server.refuse(request.error)
+                else:
+                    self._serving = request
+                    response = await server.handler(request)
+            except ConnectionError:
+                self._close()
+                return False
+            except Exception:  # the handler answers every error: a bug, not the client
+                log.exception("http: no answer for %s %s", request.method, request.path)
+                self._close()
+                return False
+            finally:
+                self._serving = None
+                self.busy = False
                 guard.touch(self)
-                try:
-                    if isinstance(request, _BadRequest):
-                        response = server.refuse(request.error)
-                    else:
-                        self._serving = request
-                        response = await server.handler(request)
-                except ConnectionError:
-                    self._close()
-                    return
-                except Exception:  # the handler answers every error: a bug, not the client
-                    log.exception("http: no answer for %s %s", request.method, request.path)
-                    self._close()
-                    return
-                finally:
-                    self._serving = None
-                    self.busy = False
-                    guard.touch(self)
-                if self.gone():
-                    return
-                if request.expecting and not request.complete:
-                    # Refused before its body was asked for (no 100 Continue sent): the
-                    # client may send the body or not, so what comes next could not be
-                    # told from a next request. Nothing more is read.
-                    self._abandon()
-                # (No more input read: the connection closes after the last queued
-                # answer: say so.)
-                keep = (request.keep_alive and not response.close and not self._closing
-                        and (self._reading or len(queue) > 1))
-                self._send(request, response, keep)
-                if self._write_paused and not await self._drained():
-                    return
-                # The unread rest of a body is dropped (for a while) before the next
-                # request, or the close, so the client is not reset before it reads.
-                if not request.complete and not (
-                    self._reading and await request._drop_rest(server.header_timeout)
-                ):
-                    keep = False
-                queue.popleft()
-                self._update_reading()
-                if self._abandoned and not queue:
-                    self._linger_close()
-                    return
-                if not keep or (not self._reading and not queue):
-                    self._close()
-                    return
-        finally:
-            self._task = None
-        self._arm_timer()
+            if self.gone():
+                return False
+            if request.expecting and not request.complete:
+                # Refused before its body was asked for (no 100 Continue sent): the
+                # client may send the body or not, so what comes next could not be
+                # told from a next request. Nothing more is read.
+                self._abandon()
+            # (No more input read: the connection closes after the last queued
+            # answer: say so.)
+            keep = (request.keep_alive and not response.close and not self._closing
+                    and (self._reading or len(queue) > 1))
+            self._send(request, response, keep)
+            if self._write_paused and not await self._drained():
+                return False
+            # The unread rest of a body is dropped (for a while) before the next
+            # request, or the close, so the client is not reset before it reads.
+            if not request.complete and not (
+                self._reading and await request._drop_rest(server.header_timeout)
+            ):
+                keep = False
+            queue.popleft()
+            self._update_reading()
+            if self._abandoned and not queue:
+                self._linger_close()
+                return False
+            if not keep or (not self._reading and not queue):
+                self._close()
+                return False
+        return True
 
     def _send(self, request: Request, response: Response, keep_alive: bool) -> None:
         body = response.body
