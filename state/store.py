@@ -175,7 +175,13 @@ def _message_text(msg: MessageBase, fields: dict[str, Any]) -> tuple[str, str, s
     ``fields`` (the hot case reads them without pydantic's attribute hook, see
     _message_call)."""
     if isinstance(msg, Request | Handoff):
-        task = " ".join(fields["task"].split())  # collapsed once for summary and excerpt
+        task = fields["task"]  # white space collapsed once for summary and excerpt:
+        # the usual task (printable ASCII, so its only white space is " ", never two
+        # together nor at either end) is its own collapse; three C scans, not a split
+        # into words and a join
+        if not (task.isascii() and task.isprintable() and "  " not in task
+                and task[:1] != " " != task[-1:]):
+            task = " ".join(task.split())
         # (the type field, a StrEnum, not isinstance: a failed isinstance asks the model's
         # __class__ through the hook, then the metaclass's ABC check)
         if fields["type"] == "HANDOFF" and fields["reason"]:

@@ -297,3 +297,21 @@ async def test_a_new_record_written_by_the_client_is_the_one_the_script_writes(
                 assert ours.conversation == theirs.conversation
     finally:
         await drop_namespace(store.redis, script.settings.namespace)
+
+
+@pytest.mark.parametrize("task", [
+    "count the lots", "x", "", " lead", "trail ", "two  spaces", "tab\there", "nl\nx",
+    "fs\x1cx", "us\x1fx", "del\x7fx", "nbsp\xa0x", "ideo\u3000x", "arrow → x", "  ", " ",
+    "a " * 300, "é  é", "\x85nel",
+])
+def test_a_task_is_stored_with_its_white_space_collapsed(task: str) -> None:
+    """The task summary and excerpt stored for a REQUEST are its text with every run of
+    white space one space and none at either end (str.split's white space), whatever
+    the task holds (the usual one, printable ASCII, is taken as it is)."""
+    msg = request("r1")
+    fields = {**msg.__dict__, "task": task}  # (any text: past the model's own cleaning)
+    collapsed = " ".join(task.split())
+    summary, excerpt, priority = state.store._message_text(msg, fields)
+    assert summary == state.store._cut(collapsed, state.store.TASK_CHARS)
+    assert excerpt == state.store._cut(collapsed, state.store.EXCERPT_CHARS)
+    assert priority == "normal"
