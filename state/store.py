@@ -438,7 +438,12 @@ class ConversationStore:
             # script ("") when a number is not plain digits. The time is the double the
             # script reads from the fields' millisecond digits.
             created_at = float(t_at)
-            nums = (_cjson_num(int(depth)), _cjson_num(int(max_depth)), _cjson_num(created_at),
+            # (Under 1e10 seconds the time has at most 14 significant digits, all that
+            # cjson writes: %.14g of it is its own digits, trailing zeros and a bare point
+            # dropped, without formatting the float.)
+            nums = (_cjson_num(int(depth)), _cjson_num(int(max_depth)),
+                    t_at.rstrip("0").rstrip(".") if -1e10 < at < 1e10
+                    else _cjson_num(created_at),
                     _cjson_num(created_at + self._open_timeouts[typ]))
             if None not in nums:
                 dc, dm, created, deadline = nums

@@ -263,7 +263,8 @@ async def test_gateway_close_to_failed(store: ConversationStore) -> None:
         await store.close("r1", status=ConvStatus.OPEN, by="bpgw", reason="x")
 
 
-@pytest.mark.parametrize("now", [T0, T0 + 0.001, T0 + 12.5, 1_799_999_999.999, 86_400.25])
+@pytest.mark.parametrize("now", [T0, T0 + 0.001, T0 + 12.5, 1_799_999_999.999, 86_400.25,
+                                 100.0, 0.0004, 9_999_999_999.9996, 10_000_000_000.25])
 async def test_a_new_record_written_by_the_client_is_the_one_the_script_writes(
         store: ConversationStore, monkeypatch: pytest.MonkeyPatch, now: float) -> None:
     """The store writes the record of a REQUEST or BROADCAST that opens a conversation
