@@ -457,13 +457,12 @@ class ConversationStore:
                 # other text of the record holds them).
                 if "/" in record or "\x7f" in record:
                     record = record.replace("/", "\\/").replace("\x7f", "\\u007f")
-        head = (f"[{t_typ},{q(request_id)},{t_from},{t_to},{int(depth)},{int(max_depth)},"
-                f"{t_fp},{t_at},{t_fk},{t_tk},")
-        if record:  # the script reads fields 11-12 and 17-19 only to encode a record
-            fields = f'{head}"","",{t_tr},{t_ch},{t_th},{t_nat}]'  # (apply.lua)
+        head, mid = f"[{t_typ},{q(request_id)},{t_from},{t_to},", f"{t_fp},{t_at},{t_fk},{t_tk},"
+        if record:  # the script reads fields 5-6, 11-12 and 17-19 only to encode a record
+            fields = f"{head}false,false,{mid}false,false,{t_tr},{t_ch},{t_th},{t_nat}]"
         else:
-            fields = (f"{head}{q(status)},{t_prio},{t_tr},{t_ch},{t_th},{t_nat},{t_task},"
-                      f"{t_exc},{t_trace}]")
+            fields = (f"{head}{int(depth)},{int(max_depth)},{mid}{q(status)},{t_prio},{t_tr},"
+                      f"{t_ch},{t_th},{t_nat},{t_task},{t_exc},{t_trace}]")
         args: list[str | int | float] = [fields, journal, "", record]
         return [self.keys.conv(request_id)], args
 

@@ -7,8 +7,10 @@
 -- message has) and, for a REQUEST or BROADCAST, the
 -- record it opens its conversation with, as encode() writes it from those fields ("" =
 -- encode it here; the client writes it, which costs it less than encoding costs the
--- script; fields 11 and 12 are then "" and 17-19, read only to encode a record, left
--- out: cjson grows the array a slot at a time, reallocating it at 17); KEYS, message
+-- script; fields 5, 6, 11 and 12, read only to encode a record or for a step on a stored
+-- conversation, are then false, which cjson reads without making a string or a number
+-- (depths were two numbers to parse), and 17-19 are left out: cjson grows the array a
+-- slot at a time, reallocating it at 17); KEYS, message
 -- after message: the conversation key, then its budget keys (below). The orphan key of
 -- an unknown RequestId (P .. 'o:' .. id, the conversation key's hash tag) is made here
 -- when a RESPONSE needs it: every argument costs the server a string to parse, copy into
