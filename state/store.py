@@ -459,7 +459,8 @@ class ConversationStore:
                     record = record.replace("/", "\\/").replace("\x7f", "\\u007f")
         head, mid = f"[{t_typ},{q(request_id)},{t_from},{t_to},", f"{t_fp},{t_at},{t_fk},{t_tk},"
         if record:  # the script reads fields 5-6, 11-12 and 17-19 only to encode a record
-            fields = f"{head}false,false,{mid}false,false,{t_tr},{t_ch},{t_th},{t_nat}]"
+            # (field 11 is then the time's text, the new conversation's index scores)
+            fields = f'{head}false,false,{mid}"{t_at}",false,{t_tr},{t_ch},{t_th},{t_nat}]'
         else:
             fields = (f"{head}{int(depth)},{int(max_depth)},{mid}{q(status)},{t_prio},{t_tr},"
                       f"{t_ch},{t_th},{t_nat},{t_task},{t_exc},{t_trace}]")

@@ -442,3 +442,20 @@ async def test_load_kept_under_a_spelling_moves_to_the_name_key(
     assert await store.load_by_agent() == {"mantis": 2}
     await store.apply(response("old", sender="Mantis"), ORIGIN, now=T0 + 2)
     assert await store.load_by_agent() == {"mantis": 1}
+
+
+@pytest.mark.parametrize("now", [T0 + 0.1, T0 + 12.345, -7.5, 1e15 + 0.5])
+async def test_a_new_conversation_is_indexed_at_its_creation_time(
+    store: ConversationStore, now: float
+) -> None:
+    # A record the client writes comes with the time's text, which the index scores take
+    # as it is (apply.lua); at 1e15 the script writes the record (the time has no plain
+    # 14-digit form) and the scores come from the number. Either way the same doubles.
+    await store.apply(request("r1"), ORIGIN, now=now)
+    await store.apply(broadcast("b1"), ORIGIN, now=now)
+    created = float(f"{now:.3f}")
+    r, k, t = store.redis, store.keys, store.settings.timeout_for
+    for key in (k.status("open"), k.party("Lotbot"), k.party("Mantis")):
+        assert await r.zscore(key, "r1") == created
+    assert await r.zscore(k.due, "r1") == created + t("REQUEST")
+    assert await r.zscore(k.due, "b1") == created + t("BROADCAST")

@@ -7,10 +7,12 @@
 -- message has) and, for a REQUEST or BROADCAST, the
 -- record it opens its conversation with, as encode() writes it from those fields ("" =
 -- encode it here; the client writes it, which costs it less than encoding costs the
--- script; fields 5, 6, 11 and 12, read only to encode a record or for a step on a stored
+-- script; fields 5, 6 and 12, read only to encode a record or for a step on a stored
 -- conversation, are then false, which cjson reads without making a string or a number
--- (depths were two numbers to parse), and 17-19 are left out: cjson grows the array a
--- slot at a time, reallocating it at 17); KEYS, message
+-- (depths were two numbers to parse), field 11 is the text of field 8, the time (the new
+-- conversation's index scores: a number passed to redis.call is formatted again each
+-- time), and 17-19 are left out: cjson grows the array a slot at a time, reallocating it
+-- at 17); KEYS, message
 -- after message: the conversation key, then its budget keys (below). The orphan key of
 -- an unknown RequestId (P .. 'o:' .. id, the conversation key's hash tag) is made here
 -- when a RESPONSE needs it: every argument costs the server a string to parse, copy into
@@ -257,7 +259,7 @@ local function step(key, a, j, rec)
     if not blob then blob = redis.call('SET', key, new, 'NX', 'GET') end
     REC[key] = blob or new
     if not blob then
-      enter(id, typ, st, now, deadline, fk, tk)
+      enter(id, typ, st, rec == '' and now or a[11], deadline, fk, tk)
       journal(a, j)  -- (fields 13-16, the origin, are the new header's 13-16)
       return new
     end
