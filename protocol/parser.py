@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NoReturn, SupportsIndex
 
 from protocol.errors import ErrorCode, ParseError, make_error
@@ -351,7 +352,9 @@ def _header_entry(inner: str) -> tuple[_TypeSpec | None, str, ErrorCode]:
 
 
 def _token_checker(what: str, max_len: int = TOKEN_MAX_LEN) -> Callable[[str], str]:
-    return lambda value: check_token(value, what, max_len)
+    # (A partial, not a lambda: called in C, one Python frame fewer for every RequestId
+    # and TraceId read.)
+    return partial(check_token, what=what, max_len=max_len)
 
 
 # Converters whose errors already quote the value.

@@ -423,8 +423,9 @@ class ConversationStore:
         # of it (two conversions each way).
         q = _json_str
         t_typ, t_prio = _WORDS.get(typ) or q(typ), _WORDS.get(priority) or q(priority)
-        t_task, t_exc, t_fp, t_nat, t_trace = (
-            q(task), q(excerpt), q(fp), q(origin.native_id or ""), q(trace_id or ""))
+        t_task, t_fp, t_nat, t_trace = (
+            q(task), q(fp), q(origin.native_id or ""), q(trace_id or ""))
+        t_exc = t_task if excerpt is task else q(excerpt)  # (a short task is both)
         t_from, t_to, t_fk, t_tk, k17, k18 = _pair_json(sender, to)
         t_tr, t_ch, t_th = _place_json(origin.transport, origin.channel, origin.thread or "")
         t_at = f"{at:.3f}"
