@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from adapters.base import Adapter, DeliveryError, Receipt
 from adapters.delivery import through_cancel
@@ -66,6 +66,32 @@ def _id_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _id_after(entry_id: str) -> str:
+    """The smallest stream id after ``entry_id``."""
+    ms, seq = _id_key(entry_id)
+    return f"{ms}-{seq + 1}" if seq < 2**64 - 1 else f"{ms + 1}-0"
+
+
+# KEYS journal. ARGV a dispatched batch's first id, last id, and the id after the last.
+# A batch is consecutive journal entries (one read, and nothing is added between two ids
+# already given), so what is left of [first, last] is the batch. When no entry lies
+# before it (the usual case: one dispatcher, batches finished in order) one XTRIM MINID
+# removes it, instead of XDEL finding each id (~3.9k Valkey instructions an id); else
+# (a replica that lost the lease is still finishing an older batch, which must stay to be
+# replayed should it die) its entries are deleted one by one as before.
+_ACK = """
+local s = KEYS[1]
+if #redis.call('XRANGE', s, '-', '(' .. ARGV[1], 'COUNT', 1) == 0 then
+  return redis.call('XTRIM', s, 'MINID', ARGV[3])
+end
+local gone = 0
+for _, e in ipairs(redis.call('XRANGE', s, ARGV[1], ARGV[2])) do
+  gone = gone + redis.call('XDEL', s, e[1])
+end
+return gone
+"""
+
+
 class Dispatcher:
     """Delivers the journal of one namespace through the enabled adapters."""
 
@@ -87,6 +113,7 @@ class Dispatcher:
         self._journal_reader = blocking_client(self._redis, BLOCK_MS / 1000, 1)
         # Each batch's records and acknowledgement go on a connection of its own too.
         self._acks = Lane(self._redis.connection_pool)
+        self._ack_script = self._redis.register_script(_ACK)
         self._adapters = adapters
         self._s = settings
         self._on_dead = on_dead_letter
@@ -349,7 +376,15 @@ class Dispatcher:
         journal = self._keys.journal
         # (A replayed entry may be pending from a version that read with a pending list.)
         ack = [("XACK", journal, GROUP, *ids)] if replay else []
-        await self._acks.pipelined([*writes, *ack, ("XDEL", journal, *ids)])
+        args = (ids[0], ids[-1], _id_after(ids[-1]))
+        replies = await self._acks.pipelined(
+            [*writes, *ack, ("EVALSHA", self._ack_script.sha, 1, journal, *args)],
+            raise_on_error=False)
+        if isinstance(replies[-1], NoScriptError):  # the server lost it: load and run it
+            replies[-1] = await self._ack_script(keys=[journal], args=args)
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
         async with self._progress:
             self._done_id = max(self._done_id, _id_key(ids[-1]))
             self._progress.notify_all()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import gateway.dispatch as dispatch
 import gateway.outbox as outbox_module
 from adapters.base import (
     Adapter,
@@ -520,3 +521,44 @@ def test_items_of_makes_what_the_constructors_make() -> None:
         item.attempts = 3  # type: ignore[misc]
     assert dataclasses.replace(item, attempts=2) == dataclasses.replace(expected, attempts=2)
     assert Item.from_json(item.to_json()) == item
+
+
+async def test_a_batch_is_acknowledged_whole_and_alone(redis_client, namespace) -> None:
+    """The acknowledgement of a dispatched batch removes just its entries: by one XTRIM
+    when none is older, else one by one, so an older batch still being finished (by a
+    replica that lost the lease) stays in the journal for the next holder to replay."""
+    journal = f"{namespace}:ack-test"
+    ids = [str(await redis_client.xadd(journal, {"m": str(i)}, id=f"5-{i}"), "ascii")
+           for i in range(1, 6)]
+    ids.append(str(await redis_client.xadd(journal, {"m": "6"},
+                                           id=f"5-{2**64 - 1}"), "ascii"))
+    ids.append(str(await redis_client.xadd(journal, {"m": "7"}, id="6-0"), "ascii"))
+
+    async def ack(first: int, last: int) -> list[str]:
+        args = [ids[first], ids[last], dispatch._id_after(ids[last])]
+        await redis_client.eval(dispatch._ACK, 1, journal, *args)
+        return [str(i, "ascii") for i, _ in await redis_client.xrange(journal)]
+
+    assert await ack(2, 3) == [ids[0], ids[1], ids[4], ids[5], ids[6]]  # 5-1, 5-2 older
+    assert await ack(0, 1) == [ids[4], ids[5], ids[6]]  # none older: trimmed
+    assert dispatch._id_after(ids[5]) == "6-0"
+    assert await ack(4, 5) == [ids[6]]
+    await redis_client.xdel(journal, ids[6])
+    assert await ack(6, 6) == []  # already gone (deleted under us)
+
+
+async def test_the_acknowledgement_loads_its_script_when_the_server_lost_it(
+    cfg, redis_client
+) -> None:
+    """After SCRIPT FLUSH a batch is still acknowledged (the script loaded again)."""
+    config = _config(cfg)
+    keys = OutboxKeys(cfg[1])
+    async with running(config) as gw:
+        for task in ("before", "after"):
+            await redis_client.script_flush()
+            entry = journal_entry(task, OutboundKind.PROTOCOL,
+                                  [("far", "mantis-room", "", "Mantis", "")])
+            await redis_client.xadd(keys.journal, {"m": entry})
+            await gw.drain()
+        await _until(lambda: len(_far(gw).sent) == 2)
+        assert await redis_client.xlen(keys.journal) == 0
