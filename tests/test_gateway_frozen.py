@@ -49,6 +49,32 @@ def test_a_default_factory_makes_the_fields_not_given() -> None:
     assert made == Envelope("http", "Lotbot", Author("Lotbot"), "hi", at=made.at)
 
 
+def test_a_maker_refuses_what_the_constructor_refuses() -> None:
+    """A keyword that is no field, or a field without a default left out: TypeError, as
+    ``cls(**values)`` raises (the maker has one keyword-only parameter per field)."""
+    make = maker(Origin)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chanel'"):
+        make(transport="http", chanel="Lotbot")
+    with pytest.raises(TypeError, match="channel"):
+        make(transport="http")
+    with pytest.raises(TypeError):
+        make("http", "Lotbot")  # keywords only
+
+
+def test_a_made_object_holds_the_constructors_defaults() -> None:
+    """Fields left out get the very default objects the constructor gives, every field
+    is in the instance's dict, and each object gets its own factory-made value."""
+    made = maker(Disposition)(outcome="ignored")
+    expected = Disposition("ignored")
+    assert vars(made) == vars(expected) and list(vars(made)) == list(vars(expected))
+    for f in dataclasses.fields(Disposition):
+        assert getattr(made, f.name) is getattr(expected, f.name)
+    make = maker(_Counted)
+    first = make().serial
+    assert [make().serial, make(serial=0).serial, make(name="x")] == [
+        first + 1, 0, _Counted(name="x", serial=first + 2)]
+
+
 def test_a_class_the_maker_can_not_make_is_refused() -> None:
     """A class with __slots__ (no __dict__ to set) is refused when the maker is made."""
     with pytest.raises(TypeError, match="only plain dataclasses"):
@@ -58,6 +84,15 @@ def test_a_class_the_maker_can_not_make_is_refused() -> None:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Slotted:
     value: int
+
+
+_serials = iter(range(1, 100))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counted:
+    name: str = ""
+    serial: int = dataclasses.field(default_factory=lambda: next(_serials))
 
 
 def test_shared_address_is_one_object_per_place() -> None:
