@@ -288,7 +288,7 @@ class Pipeline:
         # The fields straight from the instance dict: each attribute of a model goes
         # through pydantic's __getattr__ hook (a few hundred instructions, see _message_call).
         fields = msg.__dict__
-        rejection = await self._authenticate(msg, identity, address)
+        rejection = await self._authenticate(msg, fields, identity, address)
         if (rejection is None and fields["type"] in DEPTH_BOUNDED_TYPES
                 and fields["depth"].at_limit):
             rejection = _Rejection(
@@ -310,7 +310,8 @@ class Pipeline:
         # The relays are journaled in the same atomic step as the state change, and the
         # loop guard is checked and charged in it too (shared by every replica).
         entry = (
-            self._entry(msg, targets, sender_at=address, text=rendered) if targets else ""
+            self._entry(msg, targets, sender_at=address, text=rendered, fields=fields)
+            if targets else ""
         )
         # @all counts as one peer, so a BROADCAST storm from one agent is bounded too.
         budget = self._budget.budget(fields["sender"], fields["to"], identity)
@@ -428,14 +429,15 @@ class Pipeline:
                 )
         return out
 
-    async def _authenticate(self, msg: Message, identity: str, address: Address
-                            ) -> _Rejection | None:
+    async def _authenticate(self, msg: Message, fields: dict[str, Any], identity: str,
+                            address: Address) -> _Rejection | None:
+        """Why ``msg`` (whose instance dict is ``fields``) may not be accepted from
+        ``identity`` at ``address``, or None."""
         # The identity check comes last: under tofu it binds the name, and a message
         # that fails its Signature or squats a RequestId must not bind anything.
         # (Each look-up is awaited only when the directory's memory can not answer it:
         # a coroutine made and run per message for nothing costs more than the check.)
         directory = self._directory
-        fields = msg.__dict__  # (no attribute hook per field: see _handle_message)
         sender = fields["sender"]
         known, key = directory.known_public_key(sender)
         if not known:
@@ -573,9 +575,10 @@ class Pipeline:
         sender_at: Address | None = None,
         conv: Conversation | None = None,
         text: str | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> str:
-        """The journal entry relaying ``msg`` (``text``: ``render(msg)`` when the caller
-        has it already) to ``targets``.
+        """The journal entry relaying ``msg`` (``text``: ``render(msg)`` and ``fields``:
+        its instance dict, when the caller has them already) to ``targets``.
 
         With ``conv`` the placement (thread, reply-to) is resolved here; without it the
         state script resolves it from the conversation's origin in the same commit.
@@ -590,7 +593,8 @@ class Pipeline:
             )
             for a, recipient in targets
         ]
-        fields = msg.__dict__  # (no attribute hook per field: see _handle_message)
+        if fields is None:
+            fields = msg.__dict__  # (no attribute hook per field: see _handle_message)
         return journal_entry(
             render(msg) if text is None else text,
             _PROTOCOL,

@@ -11,7 +11,7 @@ import hashlib
 from typing import Any
 
 from protocol.models import Message, MessageBase
-from protocol.render import fence, render_body
+from protocol.render import fence, render_body, render_fields
 
 
 def fingerprint(msg: Message | MessageBase) -> str:
@@ -22,11 +22,11 @@ def fingerprint(msg: Message | MessageBase) -> str:
 def fingerprint_and_render(msg: Message | MessageBase) -> tuple[str, str]:
     """``(fingerprint(msg), render(msg))``; an unsigned message is rendered once for both
     (the hot path: most messages carry neither KeyId nor Signature)."""
-    unsigned = render_body(msg, signature=False, key_id=False)
     fields = msg.__dict__
+    unsigned = render_fields(fields, signature=False, key_id=False)
     if fields["key_id"] is None and fields["signature"] is None:
         return _of_unsigned(fields, unsigned), fence(unsigned)
-    return _of_unsigned(fields, unsigned), fence(render_body(msg))
+    return _of_unsigned(fields, unsigned), fence(render_fields(fields))
 
 
 def _of_unsigned(fields: dict[str, Any], unsigned: str) -> str:

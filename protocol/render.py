@@ -11,6 +11,8 @@ sees the same fields.
 
 from __future__ import annotations
 
+from typing import Any
+
 from protocol.fields import ATTRIBUTES, BODY_FIELDS, PRIORITY_TYPES, WIRE_KEYS
 from protocol.models import DEFAULT_VERSION, Message, MessageBase
 from protocol.text import escape_fences, normalize_newlines
@@ -45,7 +47,14 @@ def render_body(
     """The canonical lines of ``msg`` without the fences (and without Signature, or
     KeyId, if asked)."""
     # The field values straight from the instance dict; str() of a StrEnum is its value.
-    fields = msg.__dict__
+    return render_fields(msg.__dict__, signature=signature, key_id=key_id)
+
+
+def render_fields(fields: dict[str, Any], *, signature: bool = True, key_id: bool = True
+                  ) -> str:
+    """`render_body` of the message whose instance dict is ``fields`` (for a caller that
+    has it already: each read of a model's ``__dict__`` goes through pydantic's
+    attribute hook)."""
     type_name = str(fields["type"])
     lines = [
         f"[{type_name} → @{escape_fences(fields['to'])}]",

@@ -344,12 +344,12 @@ class ConversationStore:
         problem = origin.problem()
         if problem is not None:
             return self._too_long(msg, problem)
-        keys, args = self._message_call(msg, origin, now, fingerprint, journal)
+        fields = msg.__dict__  # (no attribute hook per field: see _message_call)
+        keys, args = self._message_call(msg, fields, origin, now, fingerprint, journal)
         if budget is not None:
             keys += [self.keys.budget(n) for n in budget.names]
             args[2] = _guard_json(budget.limit, budget.window, budget.cooldown,
                                   len(budget.names))
-        fields = msg.__dict__  # (no attribute hook per field: see _message_call)
         return self._result(fields["request_id"], fields["trace_id"], str(fields["type"]),
                             await self._apply_one(keys=keys, args=args))
 
@@ -361,7 +361,8 @@ class ConversationStore:
         problem = origin.problem()
         if problem is not None:
             return [self._too_long(m, problem) for m in msgs]
-        raws = await self._apply_one.many([self._message_call(m, origin, now) for m in msgs])
+        raws = await self._apply_one.many([self._message_call(m, m.__dict__, origin, now)
+                                           for m in msgs])
         for raw in raws:
             if isinstance(raw, Exception):
                 raise raw
@@ -391,11 +392,11 @@ class ConversationStore:
         return self._result(request_id, None, "CLOSE",
                             await self._apply_one(keys=keys, args=args))
 
-    def _message_call(self, msg: Message, origin: Origin, now: float | None,
-                      fp: str | None = None, journal: str = "") -> _Call:
-        # The values straight from the instance dict, as render does: a model's attribute
-        # goes through pydantic's __getattr__ hook (a few hundred instructions each).
-        fields = msg.__dict__
+    def _message_call(self, msg: Message, fields: dict[str, Any], origin: Origin,
+                      now: float | None, fp: str | None = None, journal: str = "") -> _Call:
+        # The values straight from the instance dict ``fields`` (msg.__dict__, read once by
+        # the caller), as render does: a model's attribute goes through pydantic's
+        # __getattr__ hook (a few hundred instructions each, __dict__ too).
         task, excerpt, priority = _message_text(msg, fields)
         status = fields.get("status")  # (a RESPONSE's: no other type has the field)
         depth = fields["depth"].__dict__
