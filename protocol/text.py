@@ -60,9 +60,11 @@ def only_lf_breaks(text: str) -> bool:
 
     One or two C scans (``str.isprintable`` is a table look-up a character), where a
     regular expression search for either costs several times as much on non-ASCII
-    text (an arrow in a header makes a protocol block non-ASCII). False says nothing:
+    text (an arrow in a header makes a protocol block non-ASCII). Each LF is replaced
+    by a space, which is printable as the LF is not: a copy of the same length with the
+    LFs overwritten, about half the work of cutting them out. False says nothing:
     search then."""
-    return text.isprintable() or ("\n" in text and text.replace("\n", "").isprintable())
+    return text.isprintable() or ("\n" in text and text.replace("\n", " ").isprintable())
 
 
 def join_value(lines: list[str]) -> str:

@@ -18,6 +18,7 @@ from protocol import (
     parse,
     render,
 )
+from protocol.text import ZWSP, lone_surrogate, normalize_newlines, only_lf_breaks
 
 SPEC_EXAMPLE = """```
 [REQUEST → @Mantis]
@@ -382,3 +383,21 @@ def test_a_lone_surrogate_is_a_bad_value_not_a_message() -> None:
     assert parse("a \udfff b").errors == []
     assert parse(text.replace("XX", "\U0001f600")).messages[0].task == "check \U0001f600 disk"
 
+
+
+@pytest.mark.parametrize("inner", [
+    "", "plain", "a\nb", "\n", "\n\n", "a\r\nb", "a\rb", "a\x0bb", "a\x0cb", "a\x1cb",
+    "a\x1db", "a\x1eb", "a\x85b", "a\u2028b", "a\u2029b", "a\u200bb", "a\ud800b",
+    "a\udfffb", "\ud83d\ude00", "a\tb", "a\x00b", "a\x7fb", "a\xadb", "a\u200eb",
+    "→ a\nb", "a \nb ", " \n ",
+])
+def test_only_lf_breaks_is_printable_but_for_lf(inner: str) -> None:
+    """only_lf_breaks: True exactly when every character but LF is printable, and then
+    the text holds no other line break, no U+200B and no lone surrogate (the parser skips
+    looking for them); around a header's arrow and other text too."""
+    for text in (inner, f"```\n[REQUEST → @B]\n{inner}\n```", inner * 3):
+        expected = all(c == "\n" or c.isprintable() for c in text)
+        assert only_lf_breaks(text) is expected
+        if expected:
+            assert normalize_newlines(text) == text and ZWSP not in text
+            assert lone_surrogate(text) is None
