@@ -17,11 +17,11 @@ import logging
 import pkgutil
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from json.encoder import encode_basestring as _json_str
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from adapters.chunking import split_message
 
@@ -127,28 +127,44 @@ class Outbound:
     id: str | None = None
 
 
+_K = TypeVar("_K", bound=Hashable)
+
+
+def remembered_json(encode: Callable[[_K], str], memo: dict[_K, str], *, entries: int,
+                    max_chars: int) -> Callable[[_K], str]:
+    """``encode`` (a value's JSON), remembered in ``memo``: at most ``entries`` values
+    whose JSON is at most ``max_chars`` characters (their keys, which it writes out, no
+    longer), so ``memo`` holds at most ``2 * entries * max_chars`` characters. When full
+    it is emptied and starts again (cheaper than keeping an order per entry). For the
+    few values a gateway writes over and over: a relayed text, the places of its
+    messages."""
+
+    def remembered(key: _K) -> str:
+        found = memo.get(key)
+        if found is None:
+            found = encode(key)
+            if len(found) <= max_chars:
+                if len(memo) >= entries:
+                    memo.clear()
+                memo[key] = found
+        return found
+
+    return remembered
+
+
 JSON_TEXTS_MAX = 1024
 """Texts ``json_text`` remembers at most (then it forgets them all and starts again)."""
 JSON_TEXT_MAX_CHARS = 2048
-"""The longest text ``json_text`` remembers (so it holds at most some 4M characters)."""
+"""The longest JSON ``json_text`` remembers (so it holds at most some 4M characters)."""
 _json_texts: dict[str, str] = {}
-
-
-def json_text(text: str) -> str:
-    """``text`` as a JSON string, non-ASCII as it is (``json.dumps(text,
-    ensure_ascii=False)``), remembered for a while: a relayed message's text is written
-    into its outbox journal entry and again, once dispatched, into an inbox transport's
-    stored body. Both get the same str object (the dispatcher takes the entry the
-    journal wrote), whose hash Python keeps, so the second is a look-up instead of
-    another pass over the whole text."""
-    found = _json_texts.get(text)
-    if found is None:
-        found = _json_str(text)
-        if len(text) <= JSON_TEXT_MAX_CHARS:
-            if len(_json_texts) >= JSON_TEXTS_MAX:
-                _json_texts.clear()  # (cheaper than keeping an order per text)
-            _json_texts[text] = found
-    return found
+json_text = remembered_json(_json_str, _json_texts, entries=JSON_TEXTS_MAX,
+                            max_chars=JSON_TEXT_MAX_CHARS)
+"""``text`` as a JSON string, non-ASCII as it is (``json.dumps(text,
+ensure_ascii=False)``), remembered for a while: a relayed message's text is written into
+its outbox journal entry and again, once dispatched, into an inbox transport's stored
+body. Both get the same str object (the dispatcher takes the entry the journal wrote),
+whose hash Python keeps, so the second is a look-up instead of another pass over the
+whole text."""
 
 
 @dataclass(frozen=True)

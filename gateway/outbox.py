@@ -22,7 +22,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from adapters.base import Adapter, Address, Outbound, OutboundKind, json_text
+from adapters.base import (
+    Adapter,
+    Address,
+    Outbound,
+    OutboundKind,
+    json_text,
+    remembered_json,
+)
 from gateway.frozen import shared_address
 from state.frozen import maker
 from state.keys import tagged_key
@@ -133,23 +140,19 @@ def _address(a: Address | None) -> list[str] | None:
 PLACES_CACHED = 4096
 """Destinations and senders' places whose JSON ``_place_json`` remembers at most."""
 PLACE_CACHED_MAX_CHARS = 512
-"""The longest such JSON remembered (so all of them together hold at most 2 M chars)."""
+"""The longest such JSON remembered (so all of them together hold at most 4 M chars)."""
 _places: dict[tuple[str, ...], str] = {}
 
 
-def _place_json(place: tuple[str, ...]) -> str:
-    """A delivery's or a sender's place as a JSON array of strings, remembered: a
-    gateway's messages go to and come from few places, each written in every journal
-    entry. Bounded in count and in characters; emptied when full (cheaper than keeping
-    an order per place)."""
-    found = _places.get(place)
-    if found is None:
-        found = "[" + ",".join([_json_str(v) for v in place]) + "]"
-        if len(found) <= PLACE_CACHED_MAX_CHARS:
-            if len(_places) >= PLACES_CACHED:
-                _places.clear()
-            _places[place] = found
-    return found
+def _json_strings(values: tuple[str, ...]) -> str:
+    """A JSON array of strings."""
+    return "[" + ",".join([_json_str(v) for v in values]) + "]"
+
+
+_place_json = remembered_json(_json_strings, _places, entries=PLACES_CACHED,
+                              max_chars=PLACE_CACHED_MAX_CHARS)
+"""A delivery's or a sender's place as a JSON array of strings, remembered: a gateway's
+messages go to and come from few places, each written in every journal entry."""
 
 
 def journal_entry(
